@@ -1,0 +1,1 @@
+"""celerity_jax: train LLM families predictably (CompleteP, tau-pinned AdamW, loss-curve collapse)."""

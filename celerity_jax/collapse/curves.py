@@ -1,0 +1,149 @@
+"""Loss curves on a fixed t̂ grid: binning, smoothing, normalization, early-align, residuals, quality.
+
+A curve lives on `n_bins` equal bins of t̂ = step/T as per-bin loss sums and step counts. Partial
+curves, runs shorter than the grid and the in-loop monitor's running state are then one object, and the
+offline tools and the jitted monitor share every function here (pure jnp, jit-able).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+def bin_centers(n_bins: int) -> jax.Array:
+    """t̂ at the middle of each of `n_bins` equal bins of [0, 1]."""
+    return (jnp.arange(n_bins, dtype=jnp.float32) + 0.5) / n_bins
+
+
+def bin_index(frac: jax.Array, n_bins: int) -> jax.Array:
+    """The bin of t̂ = `frac`; t̂ = 1 falls in the last bin."""
+    return jnp.clip(jnp.floor(jnp.asarray(frac, jnp.float32) * n_bins).astype(jnp.int32), 0, n_bins - 1)
+
+
+def bin_curve(frac_T: jax.Array, loss_T: jax.Array, n_bins: int) -> tuple[jax.Array, jax.Array]:
+    """Per-bin (loss sum, step count) of a curve; non-finite losses are skipped."""
+    loss_T = jnp.asarray(loss_T, jnp.float32)
+    ok_T = jnp.isfinite(loss_T)
+    idx_T = bin_index(frac_T, n_bins)
+    sum_G = jax.ops.segment_sum(jnp.where(ok_T, loss_T, 0.0), idx_T, n_bins)
+    count_G = jax.ops.segment_sum(ok_T.astype(jnp.float32), idx_T, n_bins)
+    return sum_G, count_G
+
+
+def smooth(sum_G: jax.Array, count_G: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+    """Centered moving average over `width` (odd) bins, weighted by steps: (mean_G, steps_G).
+
+    The mean over every step whose bin lies within width//2 bins; the window is one-sided at the ends
+    (so the last bin of a partial curve uses only the past). NaN where the window holds no step.
+    """
+    kernel = jnp.ones(width, jnp.float32)
+    steps_G = jnp.convolve(count_G, kernel, mode="same")
+    total_G = jnp.convolve(sum_G, kernel, mode="same")
+    mean_G = jnp.where(steps_G > 0, total_G / jnp.where(steps_G > 0, steps_G, 1.0), jnp.nan)
+    return mean_G, steps_G
+
+
+def normalize(loss: jax.Array, final: jax.Array, offset: float = 0.0) -> jax.Array:
+    """l = (L − L0)/(L_T − L0); L0 = 0 is the paper's plain division, L0 > 0 Qiu et al.'s offset form."""
+    return (loss - offset) / (final - offset)
+
+
+def normalized_curve(sum_G: jax.Array, count_G: jax.Array, width: int,
+                     offset: float = 0.0) -> jax.Array:
+    """A finished curve smoothed and divided by its own final (last-bin, smoothed) loss."""
+    mean_G, _ = smooth(sum_G, count_G, width)
+    return normalize(mean_G, mean_G[-1], offset)
+
+
+def last_bin(count_G: jax.Array) -> jax.Array:
+    """Index of the last bin holding a step (-1 for an empty curve)."""
+    return jnp.max(jnp.where(count_G > 0, jnp.arange(count_G.shape[0]), -1))
+
+
+class Alignment(NamedTuple):
+    """Early-align result. Errors are 1σ from the residual noise alone (no model mismatch)."""
+    final: jax.Array          # predicted final loss L_T = L0 + exp(log_scale)
+    final_err: jax.Array
+    log_scale: jax.Array      # log of the divisor L_T − L0
+    log_scale_err: jax.Array
+    noise: jax.Array          # per-step relative noise of the loss around the aligned reference
+
+
+def early_align(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array,
+                window: tuple[float, float], offset: float = 0.0) -> Alignment:
+    """The divisor aligning a (partial) binned curve with a normalized reference over a t̂ window.
+
+    Least squares in log space, closed form: y_i = log(L̄_i − L0) − log l_ref_i over the bins i in
+    the window, weighted by their step counts c_i; log(L_T − L0) = Σ c_i y_i / Σ c_i. A bin mean of
+    c_i steps has variance σ²/c_i, so σ² = Σ c_i e_i² / (n − 1) estimates the per-step noise from the
+    residuals e_i, and σ/sqrt(Σ c_i) is the error of the log divisor. NaN when no bin is in the window.
+    """
+    n_bins = sum_G.shape[0]
+    centers_G = bin_centers(n_bins)
+    in_window_G = (centers_G >= window[0]) & (centers_G < window[1]) & (count_G > 0)
+    weight_G = jnp.where(in_window_G, count_G, 0.0)
+    mean_G = sum_G / jnp.where(count_G > 0, count_G, 1.0)
+    y_G = jnp.where(in_window_G, jnp.log(jnp.where(in_window_G, mean_G - offset, 1.0))
+                    - jnp.log(jnp.where(in_window_G, ref_G, 1.0)), 0.0)
+    total = jnp.sum(weight_G)
+    n_used = jnp.sum(in_window_G)
+    log_scale = jnp.where(total > 0, jnp.sum(weight_G * y_G) / jnp.where(total > 0, total, 1.0), jnp.nan)
+    err_G = jnp.where(in_window_G, y_G - log_scale, 0.0)
+    noise = jnp.where(n_used > 1, jnp.sqrt(jnp.sum(weight_G * err_G**2) / jnp.maximum(n_used - 1, 1)),
+                      jnp.nan)
+    log_scale_err = noise / jnp.sqrt(total)
+    scale = jnp.exp(log_scale)
+    return Alignment(offset + scale, scale * log_scale_err, log_scale, log_scale_err, noise)
+
+
+def residuals(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array, align: Alignment, width: int,
+              offset: float = 0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(residual_G, sigma_G, normalized_G) of a binned curve against the reference it was aligned to.
+
+    normalized = (smoothed L − L0)/exp(log_scale), residual r = normalized − l_ref, and sigma the
+    noise of r expected from the alignment's per-step noise: l_ref·sqrt(σ²/steps_in_window + err²).
+    """
+    mean_G, steps_G = smooth(sum_G, count_G, width)
+    normalized_G = (mean_G - offset) / jnp.exp(align.log_scale)
+    sigma_G = ref_G * jnp.sqrt(align.noise**2 / steps_G + align.log_scale_err**2)
+    return normalized_G - ref_G, sigma_G, normalized_G
+
+
+def _in_range(frac_G: jax.Array, lo: float, hi: float) -> jax.Array:
+    return (frac_G >= lo) & (frac_G <= hi)
+
+
+def collapse_quality(curves_KxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
+                     hi: float = 1.0) -> dict[str, jax.Array]:
+    """Spread of a family's normalized curves over t̂ ∈ [lo, hi], averaged over t̂.
+
+    mean_abs_dev: mean |l_k − mean_k l_k| (the headline number); mean_range / max_range: the mean and
+    the largest max−min across curves.
+    """
+    keep_G = _in_range(frac_G, lo, hi)
+    dev_KxG = jnp.abs(curves_KxG - jnp.mean(curves_KxG, axis=0))
+    range_G = jnp.max(curves_KxG, axis=0) - jnp.min(curves_KxG, axis=0)
+    return {
+        "mean_abs_dev": jnp.sum(jnp.mean(dev_KxG, axis=0) * keep_G) / jnp.sum(keep_G),
+        "mean_range": jnp.sum(range_G * keep_G) / jnp.sum(keep_G),
+        "max_range": jnp.max(jnp.where(keep_G, range_G, -jnp.inf)),
+    }
+
+
+def supercollapse(curves_KxRxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
+                  hi: float = 1.0) -> dict[str, jax.Array]:
+    """Qiu et al.'s test: spread across sizes Δ against seed-to-seed noise σ, over t̂ ∈ [lo, hi].
+
+    K sizes × R seeds (NaN rows for missing seeds). Δ(t̂) = std over sizes of the seed-mean curves;
+    σ(t̂) = sqrt(mean over sizes of the seed variance). Supercollapse: Δ < σ. Returns the t̂-means of
+    Δ and σ, their ratio and the fraction of t̂ where Δ < σ.
+    """
+    keep_G = _in_range(frac_G, lo, hi)
+    mean_KxG = jnp.nanmean(curves_KxRxG, axis=1)
+    delta_G = jnp.std(mean_KxG, axis=0)
+    sigma_G = jnp.sqrt(jnp.nanmean(jnp.nanvar(curves_KxRxG, axis=1, ddof=1), axis=0))
+    delta = jnp.sum(delta_G * keep_G) / jnp.sum(keep_G)
+    sigma = jnp.sum(sigma_G * keep_G) / jnp.sum(keep_G)
+    return {"delta": delta, "sigma": sigma, "ratio": delta / sigma,
+            "frac_below": jnp.sum((delta_G < sigma_G) * keep_G) / jnp.sum(keep_G)}

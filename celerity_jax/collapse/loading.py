@@ -1,0 +1,243 @@
+"""Reading loss curves (run directories, TensorBoard event directories, CSV files) and their controls.
+
+A CURVE is one of:
+- a run directory holding `curve.csv` (step, tokens, frac, loss) and `plan.json`;
+- a TensorBoard event directory (scalar `train/loss`; t̂ from `progress/frac` or from the total steps),
+  with `plan.json` in it or in one of its two parents, if any;
+- a CSV file whose header holds `step` and `loss` (optional `tokens`, `frac`), with an optional sidecar
+  `<name>.json` beside it giving the controls.
+Controls are read by key, so plan.json may hold more: n_params, tpp (or tokens), tau, schedule (a name,
+or a mapping with "name"), warmup_frac (or warmup_steps), and steps / total_steps.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from celerity_jax.errors import ConfigError
+
+CURVE_CSV = "curve.csv"
+PLAN_JSON = "plan.json"
+LOSS_TAG = "train/loss"
+FRAC_TAG = "progress/frac"
+# Relative tolerance when comparing TPP and τ of a run and a reference.
+CONTROL_RTOL = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Controls:
+    """What a normalized curve depends on (SCIENCE.md §1). None = unknown."""
+    n_params: float | None = None
+    tpp: float | None = None
+    tau: float | None = None
+    schedule: str | None = None
+    warmup_frac: float | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def mismatches(self, other: "Controls") -> list[str]:
+        """Fields that collapse needs equal (TPP, τ, schedule name) and that differ; N may differ."""
+        out = []
+        for name in ("tpp", "tau"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a is not None and b is not None and abs(a - b) > CONTROL_RTOL * max(abs(a), abs(b)):
+                out.append(f"{name} {a:.4g} vs {b:.4g}")
+        if self.schedule and other.schedule and self.schedule != other.schedule:
+            out.append(f"schedule {self.schedule!r} vs {other.schedule!r}")
+        return out
+
+    def unknown(self, other: "Controls") -> list[str]:
+        """Collapse controls that cannot be compared because one side does not know them."""
+        return [n for n in ("tpp", "tau", "schedule") if getattr(self, n) is None or getattr(other, n) is None]
+
+
+def _number(meta: Mapping, key: str, source: str) -> float | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{source}: {key!r} = {value!r} is not a non-negative number; fix that field")
+    return float(value)
+
+
+def controls_from_mapping(meta: Mapping, source: str) -> tuple[Controls, int | None]:
+    """(Controls, total steps or None) from a plan.json / sidecar mapping, read by key."""
+    n_params = _number(meta, "n_params", source)
+    tokens = _number(meta, "tokens", source)
+    tpp = _number(meta, "tpp", source)
+    if tpp is None and tokens and n_params:
+        tpp = tokens / n_params
+    steps = _number(meta, "total_steps", source)
+    steps = _number(meta, "steps", source) if steps is None else steps
+    warmup_frac = _number(meta, "warmup_frac", source)
+    warmup_steps = _number(meta, "warmup_steps", source)
+    if warmup_frac is None and warmup_steps is not None and steps:
+        warmup_frac = warmup_steps / steps
+    schedule = meta.get("schedule", meta.get("schedule_name"))
+    if isinstance(schedule, Mapping):
+        schedule = schedule.get("name")
+    if schedule is not None and not isinstance(schedule, str):
+        raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name")
+    controls = Controls(n_params, tpp, _number(meta, "tau", source), schedule, warmup_frac)
+    return controls, None if steps is None else int(steps)
+
+
+def read_json(path: str) -> dict:
+    """A JSON object from `path`, or ConfigError naming the file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read JSON ({e}); fix or remove the file") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    name: str
+    source: str
+    step_T: np.ndarray
+    loss_T: np.ndarray
+    frac_T: np.ndarray
+    total_steps: int
+    controls: Controls
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.step_T[-1] >= self.total_steps - 1)
+
+
+def load_curve(path: str, total_steps: int | None = None) -> Curve:
+    """Reads and checks one CURVE (see the module docstring); bad input raises ConfigError."""
+    path = os.path.normpath(path)
+    meta, meta_path = {}, None
+    if os.path.isdir(path):
+        name = os.path.basename(os.path.abspath(path))
+        for d in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+            if os.path.isfile(os.path.join(d, PLAN_JSON)):
+                meta_path = os.path.join(d, PLAN_JSON)
+                break
+        if os.path.isfile(os.path.join(path, CURVE_CSV)):
+            source = os.path.join(path, CURVE_CSV)
+            step_T, loss_T, frac_T = _read_csv(source)
+        else:
+            source = path
+            step_T, loss_T, frac_T = _read_events(path)
+    elif os.path.isfile(path) and path.endswith(".csv"):
+        source, name = path, os.path.basename(path)[:-4]
+        step_T, loss_T, frac_T = _read_csv(path)
+        if os.path.isfile(path[:-4] + ".json"):
+            meta_path = path[:-4] + ".json"
+    else:
+        raise ConfigError(f"{path}: not a run directory, TensorBoard event directory or .csv file "
+                          "(see the collapse README for the curve formats)")
+    if meta_path:
+        meta = read_json(meta_path)
+    controls, meta_steps = controls_from_mapping(meta, meta_path or source)
+    _check_values(source, step_T, loss_T, frac_T)
+    if total_steps is not None:
+        frac_T = None
+    elif meta_steps:
+        total_steps = meta_steps
+    elif frac_T is not None and frac_T[-1] > 0:
+        total_steps = int(round(step_T[-1] / frac_T[-1]))
+    else:
+        total_steps = int(step_T[-1])  # a finished curve ends at its last step
+    if total_steps < step_T[-1] or total_steps < 1:
+        raise ConfigError(f"{source}: the total step count {total_steps} is smaller than the curve, whose "
+                          f"last step is {int(step_T[-1])}; pass the run's real total steps")
+    if frac_T is None:
+        frac_T = step_T / total_steps
+    return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), controls)
+
+
+def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    try:
+        with open(path, newline="") as f:
+            rows = [r for r in csv.reader(f) if r]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the CSV ({e})") from e
+    if not rows:
+        raise ConfigError(f"{path}: empty file; a curve CSV needs a header with 'step' and 'loss'")
+    header = [h.strip().lower() for h in rows[0]]
+    missing = [c for c in ("step", "loss") if c not in header]
+    if missing:
+        raise ConfigError(f"{path}: the header {rows[0]} lacks column(s) {missing}; a curve CSV needs "
+                          "'step' and 'loss' (optional 'tokens', 'frac')")
+    if len(rows) < 2:
+        raise ConfigError(f"{path}: no data rows under the header")
+    cols = {c: header.index(c) for c in ("step", "loss", "frac") if c in header}
+    values = {c: np.empty(len(rows) - 1) for c in cols}
+    for line, row in enumerate(rows[1:], start=2):
+        for c, i in cols.items():
+            try:
+                values[c][line - 2] = float(row[i])
+            except (IndexError, ValueError):
+                raise ConfigError(f"{path}, line {line}: {c!r} is {row[i] if i < len(row) else 'missing'!r}, "
+                                  "not a number") from None
+    return values["step"], values["loss"], values.get("frac")
+
+
+def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    dirs = sorted({root for root, _, files in os.walk(path) if any("tfevents" in f for f in files)})
+    series = {}
+    for d in dirs:
+        acc = event_accumulator.EventAccumulator(
+            d, size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
+        acc.Reload()
+        tags = acc.Tags()
+        for tag in (LOSS_TAG, FRAC_TAG):
+            if tag in tags["scalars"]:
+                events = [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)]
+            elif tag in tags["tensors"]:
+                events = [(e.wall_time, e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                          for e in acc.Tensors(tag)]
+            else:
+                continue
+            # A restarted run logs some steps twice: the latest write of a step wins.
+            series.setdefault(tag, {}).update({s: v for _, s, v in sorted(events)})
+    if LOSS_TAG not in series:
+        raise ConfigError(f"{path}: no {CURVE_CSV} and no TensorBoard scalar {LOSS_TAG!r} under it; "
+                          "give a run directory, an event directory or a CSV")
+    step_T = np.array(sorted(series[LOSS_TAG]), float)
+    loss_T = np.array([series[LOSS_TAG][s] for s in step_T])
+    fracs = series.get(FRAC_TAG, {})
+    frac_T = np.array([fracs[s] for s in step_T]) if all(s in fracs for s in step_T) else None
+    return step_T, loss_T, frac_T
+
+
+def _check_values(source: str, step_T: np.ndarray, loss_T: np.ndarray, frac_T: np.ndarray | None) -> None:
+    bad = np.flatnonzero(~np.isfinite(step_T) | (step_T < 0) | (step_T != np.round(step_T)))
+    if bad.size:
+        raise ConfigError(f"{source}: step {step_T[bad[0]]!r} (data row {bad[0] + 1}) is not a whole number >= 0")
+    back = np.flatnonzero(np.diff(step_T) <= 0)
+    if back.size:
+        i = back[0] + 1
+        kind = "a duplicate" if step_T[i] == step_T[i - 1] else "decreasing"
+        raise ConfigError(f"{source}: step {int(step_T[i])} (data row {i + 1}) follows step {int(step_T[i - 1])}: "
+                          f"{kind} step; steps must increase strictly (drop the rows of a restarted "
+                          "segment that were trained again)")
+    bad = np.flatnonzero(~np.isfinite(loss_T))
+    if bad.size:
+        raise ConfigError(f"{source}: the loss at step {int(step_T[bad[0]])} (data row {bad[0] + 1}) is "
+                          f"{loss_T[bad[0]]}; curves need finite losses (cut the curve before that step)")
+    bad = np.flatnonzero(loss_T <= 0)
+    if bad.size:
+        raise ConfigError(f"{source}: the loss at step {int(step_T[bad[0]])} is {loss_T[bad[0]]}; "
+                          "normalization needs positive losses")
+    if frac_T is not None:
+        bad = np.flatnonzero(~np.isfinite(frac_T) | (frac_T < 0) | (frac_T > 1))
+        if bad.size:
+            raise ConfigError(f"{source}: frac at step {int(step_T[bad[0]])} is {frac_T[bad[0]]}, "
+                              "outside [0, 1]")

@@ -1,0 +1,162 @@
+"""Reference curves: a normalized curve on a t̂ grid with its controls and provenance, stored as JSON.
+
+Built from finished curves of one size (averaged over the seeds given) or from the fitted surrogate.
+A run may only be compared with references whose collapse controls (TPP, τ, schedule) match its own,
+unless forced; references of several sizes combine into the family-aware curve at the run's N.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from celerity_jax.collapse import curves, family, surrogate
+from celerity_jax.collapse.loading import Controls, Curve, controls_from_mapping, read_json
+from celerity_jax.errors import ConfigError
+
+FORMAT = "celerity-collapse-reference/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    frac_G: np.ndarray
+    normalized_G: np.ndarray
+    seed_std_G: np.ndarray | None   # across the seeds it averages; None for one seed or the surrogate
+    controls: Controls
+    offset: float                   # L0 of the normalization (L − L0)/(L_T − L0)
+    final_loss: float | None        # mean final (smoothed) loss of its runs
+    provenance: dict
+    source: str = "built in memory"  # the file it was loaded from
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offset: float = 0.0,
+                          force: bool = False) -> Reference:
+    """Seed-averaged normalized curve of finished runs of one size with the same controls."""
+    for run in runs:
+        if not run.finished:
+            raise ConfigError(f"{run.source}: the curve stops at step {int(run.step_T[-1])} of "
+                              f"{run.total_steps}; a reference needs finished runs")
+        if offset >= run.loss_T.min():
+            raise ConfigError(f"{run.source}: offset L0 = {offset} is not below the loss "
+                              f"(min {run.loss_T.min():.4g}); lower --offset")
+        differ = run.controls.mismatches(runs[0].controls)
+        n0, n1 = runs[0].controls.n_params, run.controls.n_params
+        if n0 and n1 and n0 != n1:
+            differ.append(f"n_params {n1:.4g} vs {n0:.4g}")
+        if differ and not force:
+            raise ConfigError(f"{run.source}: controls differ from {runs[0].source} ({', '.join(differ)}); "
+                              "a reference averages seeds of one size and recipe. Pass --force to mix them")
+    normalized_KxG, finals = [], []
+    for run in runs:
+        sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
+        mean_G, _ = curves.smooth(sum_G, count_G, smooth_bins)
+        if not bool(jnp.all(jnp.isfinite(mean_G))):
+            raise ConfigError(f"{run.source}: {len(run.step_T)} points leave gaps on a {n_bins}-bin grid "
+                              f"smoothed over {smooth_bins} bins; use fewer --bins or more --smooth-bins")
+        normalized_KxG.append(np.asarray(curves.normalize(mean_G, mean_G[-1], offset)))
+        finals.append(float(mean_G[-1]))
+    normalized_KxG = np.stack(normalized_KxG)
+    provenance = {"kind": "curves", "sources": [r.source for r in runs], "n_seeds": len(runs),
+                  "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
+    return Reference(np.asarray(curves.bin_centers(n_bins)), normalized_KxG.mean(axis=0),
+                     normalized_KxG.std(axis=0, ddof=1) if len(runs) > 1 else None, runs[0].controls,
+                     float(offset), float(np.mean(finals)), provenance)
+
+
+def reference_from_surrogate(constants: surrogate.SurrogateConstants, controls: Controls, n_bins: int,
+                             source: str = "") -> Reference:
+    """The surrogate's normalized curve for the given τ, TPP and schedule (warmup_frac default 0)."""
+    missing = [n for n in ("tau", "tpp", "schedule") if getattr(controls, n) is None]
+    if missing:
+        raise ConfigError(f"the surrogate needs the controls {missing}; pass them (--tau, --tpp, --schedule)")
+    frac_G = curves.bin_centers(n_bins)
+    eta_G, eta_end = surrogate.schedule_on_grid(frac_G, controls.schedule, controls.warmup_frac or 0.0)
+    curve_G = surrogate.surrogate_curve(frac_G, eta_G, eta_end, constants.b(controls.tau),
+                                        constants.q(controls.tpp))
+    provenance = {"kind": "surrogate", "constants": dataclasses.asdict(constants), "source": source,
+                  "n_bins": n_bins, "created": _now()}
+    return Reference(np.asarray(frac_G), np.asarray(curve_G), None, controls, 0.0, None, provenance)
+
+
+def _floats(x: np.ndarray) -> list[float]:
+    return [float(f"{v:.7g}") for v in np.asarray(x, float)]
+
+
+def save_json(data: dict, path: str) -> None:
+    """Writes JSON atomically: an existing file is replaced only by a complete new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def save_reference(ref: Reference, path: str) -> None:
+    data = {"format": FORMAT, "controls": ref.controls.to_dict(), "offset": ref.offset,
+            "final_loss": ref.final_loss, "provenance": ref.provenance, "frac": _floats(ref.frac_G),
+            "normalized_loss": _floats(ref.normalized_G)}
+    if ref.seed_std_G is not None:
+        data["seed_std"] = _floats(ref.seed_std_G)
+    save_json(data, path)
+
+
+def load_reference(path: str) -> Reference:
+    data = read_json(path)
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a collapse reference (format {data.get('format')!r}, "
+                          f"expected {FORMAT!r}); make one with `celerity collapse reference`")
+    try:
+        frac_G = np.asarray(data["frac"], float)
+        normalized_G = np.asarray(data["normalized_loss"], float)
+        seed_std_G = np.asarray(data["seed_std"], float) if "seed_std" in data else None
+        offset = float(data.get("offset", 0.0))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: malformed reference ({e!r}); rebuild it") from e
+    if (frac_G.ndim != 1 or frac_G.shape != normalized_G.shape or frac_G.size < 2
+            or np.any(np.diff(frac_G) <= 0) or not np.all(np.isfinite(normalized_G))
+            or np.any(normalized_G <= 0)):
+        raise ConfigError(f"{path}: 'frac' must increase and match 'normalized_loss' (positive, finite) "
+                          "in length; rebuild the reference")
+    controls, _ = controls_from_mapping(data.get("controls", {}), path)
+    return Reference(frac_G, normalized_G, seed_std_G, controls, offset, data.get("final_loss"),
+                     data.get("provenance", {}), path)
+
+
+def check_controls(refs: list[Reference], run: Controls, run_name: str, force: bool = False,
+                   offset: float = 0.0) -> list[str]:
+    """Refuses references whose TPP, τ, schedule or offset differ from the run's (or each other's).
+
+    Returns notes on what could not be checked; with `force`, mismatches become notes too.
+    """
+    notes, problems = [], []
+    for ref in refs:
+        problems += [f"{ref.source}: {m} (reference vs run)" for m in ref.controls.mismatches(run)]
+        problems += [f"{ref.source}: {m} (vs {refs[0].source})" for m in ref.controls.mismatches(refs[0].controls)]
+        if abs(ref.offset - offset) > 1e-12:
+            problems.append(f"{ref.source}: offset L0 {ref.offset:g} vs {offset:g}")
+        unknown = ref.controls.unknown(run)
+        if unknown:
+            notes.append(f"{ref.source}: not checked against {run_name}: {', '.join(unknown)} unknown")
+    if problems and not force:
+        raise ConfigError(f"references do not match {run_name}: {'; '.join(problems)}. A normalized curve "
+                          "depends on TPP, τ and the schedule; use references with the same controls, "
+                          "or pass --force")
+    return notes + [f"forced: {p}" for p in problems]
+
+
+def reference_curve(refs: list[Reference], frac_G: np.ndarray, n_params: float | None = None) -> jnp.ndarray:
+    """The references' normalized curve on `frac_G`: family-aware at N = `n_params` when they span
+    several sizes (each with its N), else their mean."""
+    on_grid_KxG = jnp.stack([jnp.interp(jnp.asarray(frac_G, jnp.float32), r.frac_G, r.normalized_G)
+                             for r in refs])
+    sizes = [r.controls.n_params for r in refs]
+    if n_params is None or None in sizes or len(set(sizes)) < 2:
+        return jnp.mean(on_grid_KxG, axis=0)
+    return family.family_curve(on_grid_KxG, jnp.asarray(sizes), n_params)

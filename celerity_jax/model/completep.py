@@ -1,0 +1,114 @@
+"""The single home of the µP / CompleteP rules (SCIENCE.md §4; Dey et al. 2025, arXiv 2505.01618).
+
+m_d = d_model / d_base and m_L = n_layers / n_layers_base; α = depth_alpha (1 is CompleteP).
+`standard` uses m_d = m_L = 1 and 1/sqrt(head_dim) scores; `mup` uses m_L = 1; `completep` uses both.
+
+| role         | init std        | LR multiplier        | Adam-eps multiplier | decay |
+|--------------|-----------------|----------------------|---------------------|-------|
+| EMBEDDING    | σ_base          | 1                    | 1/m_d               | yes   |
+| HIDDEN       | σ_base/sqrt(m_d)| m_L^(α−1)/m_d        | 1/(m_d·m_L^α)       | yes   |
+| BLOCK_VECTOR | const (1 or 0)  | m_L^(α−1)            | 1/(m_d·m_L^α)       | no    |
+| FINAL_NORM   | const (1 or 0)  | 1                    | 1/m_d               | no    |
+| UNEMBEDDING  | σ_base          | 1                    | 1/m_d               | yes   |
+Forward: embedding output × α_input, residual branch × m_L^(−α), logits × α_output/m_d,
+scores × 1/head_dim.
+
+WEIGHT-DECAY CONVENTION (binding for the optimizer): on a leaf with decay=True the update is
+θ ← θ − η_base·s_t·lr·(adam_direction + λ·θ), so hidden matrices decay at rate η_base·s_t·λ/m_d
+(times m_L^(α−1)): the decay rate actually applied is the LR multiplier times λ, with no extra
+m_d on λ. τ must be computed from that rate.
+"""
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+import jax
+
+from celerity_jax.model.config import ModelConfig
+
+
+class Role(enum.Enum):
+    EMBEDDING = "embedding"  # token embedding, learned positions, tied unembedding
+    HIDDEN = "hidden"  # every matrix inside a block
+    BLOCK_VECTOR = "block_vector"  # norm gains and biases inside blocks
+    FINAL_NORM = "final_norm"
+    UNEMBEDDING = "unembedding"  # untied output matrix
+
+
+@dataclasses.dataclass(frozen=True)
+class Multipliers:
+    """Pytrees mirroring params. init_std is 0.0 on constant-initialized leaves (gains 1, biases 0);
+    lr and eps multiply the base LR and base Adam eps; decay says whether weight decay applies."""
+
+    init_std: Any
+    lr: Any
+    eps: Any
+    decay: Any
+
+
+def width_depth_mult(cfg: ModelConfig) -> tuple[float, float]:
+    """(m_d, m_L) as the parametrization uses them."""
+    m_d = cfg.d_model / cfg.d_base if cfg.parametrization != "standard" else 1.0
+    m_l = cfg.n_layers / cfg.n_layers_base if cfg.parametrization == "completep" else 1.0
+    return m_d, m_l
+
+
+def param_role(path: tuple[str, ...]) -> Role:
+    """Role of the parameter at `path` (its dict keys from the root of params)."""
+    top, leaf = path[0], path[-1]
+    if top in ("embed", "pos_embed"):
+        return Role.EMBEDDING
+    if top == "unembed":
+        return Role.UNEMBEDDING
+    if top == "final_norm":
+        return Role.FINAL_NORM
+    if top.startswith("block"):  # "blocks" when scanned, "block_<i>" otherwise
+        if leaf == "kernel":
+            return Role.HIDDEN
+        if leaf in ("scale", "bias"):
+            return Role.BLOCK_VECTOR
+    raise ValueError(f"no CompleteP role for parameter path {'/'.join(path)}")
+
+
+def role_rules(cfg: ModelConfig) -> dict[Role, tuple[float, float, float, bool]]:
+    """(init std, LR multiplier, eps multiplier, decay) for each role."""
+    m_d, m_l = width_depth_mult(cfg)
+    a, s = cfg.depth_alpha, cfg.sigma_base
+    in_block_eps = 1.0 / (m_d * m_l**a)
+    return {
+        Role.EMBEDDING: (s, 1.0, 1.0 / m_d, True),
+        Role.HIDDEN: (s / math.sqrt(m_d), m_l ** (a - 1.0) / m_d, in_block_eps, True),
+        Role.BLOCK_VECTOR: (0.0, m_l ** (a - 1.0), in_block_eps, False),
+        Role.FINAL_NORM: (0.0, 1.0, 1.0 / m_d, False),
+        Role.UNEMBEDDING: (s, 1.0, 1.0 / m_d, True),
+    }
+
+
+def multipliers(cfg: ModelConfig, params) -> Multipliers:
+    """Per-leaf init std, LR, eps multipliers and decay flags for `params` (or their shapes)."""
+    rules = role_rules(cfg)
+    pick = lambda i: jax.tree.map(lambda r: rules[r][i], param_roles(params),
+                                  is_leaf=lambda r: isinstance(r, Role))
+    return Multipliers(init_std=pick(0), lr=pick(1), eps=pick(2), decay=pick(3))
+
+
+def param_roles(params):
+    """Pytree of Role mirroring `params`."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: param_role(_keys(path)), params)
+
+
+def forward_multipliers(cfg: ModelConfig) -> dict[str, float]:
+    """input (embedding output), residual (each branch), output (logits), attention (score scale)."""
+    m_d, m_l = width_depth_mult(cfg)
+    return {
+        "input": cfg.alpha_input,
+        "residual": m_l ** (-cfg.depth_alpha),
+        "output": cfg.alpha_output / m_d,
+        "attention": 1.0 / cfg.head_dim if cfg.parametrization != "standard" else cfg.head_dim**-0.5,
+    }
+
+
+def _keys(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)

@@ -1,0 +1,95 @@
+"""ModelConfig: the shape and parametrization of a decoder-only transformer (defaults = Celerity 300M)."""
+
+import dataclasses
+
+from celerity_jax.errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("squared_relu", "swiglu", "gelu")
+POSITIONS = ("alibi", "rope", "learned")
+PARAMETRIZATIONS = ("completep", "mup", "standard")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("xla", "cudnn")
+REMATS = ("none", "full", "dots")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Every field gin can bind by name, e.g. `ModelConfig.d_model = 896`.
+
+    d_base, n_layers_base, sigma_base, alpha_input, alpha_output describe the tuned base model
+    (the µP proxy of the paper's section 3: width 256, 24 layers, σ 8.67e-2, α_in 9.17, α_out 1.095).
+    That Celerity used this same base shape is our inference.
+    """
+
+    n_layers: int = 13
+    d_model: int = 640
+    n_heads: int = 10
+    head_dim: int = 64
+    vocab_size: int = 128256
+    max_seq_len: int = 8192
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: str = "squared_relu"
+    mlp_ratio: float = 8.0  # hidden width of the MLP = round(mlp_ratio * d_model)
+    positions: str = "alibi"
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    use_bias: bool = False
+    parametrization: str = "completep"
+    depth_alpha: float = 1.0
+    d_base: int = 256
+    n_layers_base: int = 24
+    sigma_base: float = 8.67e-2
+    alpha_input: float = 9.17
+    alpha_output: float = 1.095
+    compute_dtype: str = "float32"
+    attention_impl: str = "xla"  # "cudnn" asks jax.nn.dot_product_attention for the fused GPU kernel
+    scan_layers: bool = False
+    remat: str = "none"
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def d_ff(self) -> int:
+        """Hidden width of the MLP."""
+        return round(self.mlp_ratio * self.d_model)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the field, the problem and the fix."""
+        for name in ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len",
+                     "d_base", "n_layers_base"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                _fail(name, value, "must be a positive integer")
+        for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                _fail(name, value, "must be a positive number")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
+                              ("parametrization", PARAMETRIZATIONS), ("compute_dtype", COMPUTE_DTYPES),
+                              ("attention_impl", ATTENTION_IMPLS), ("remat", REMATS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                _fail(name, value, f"is not a known option; use one of {', '.join(allowed)}")
+        for name in ("tie_embeddings", "use_bias", "scan_layers"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "must be True or False")
+        if self.d_model % self.n_heads:
+            _fail("d_model", self.d_model, f"is not divisible by n_heads={self.n_heads}; "
+                  "choose n_heads that divides d_model")
+        if self.n_heads * self.head_dim != self.d_model:
+            _fail("head_dim", self.head_dim, f"does not match d_model/n_heads = {self.d_model // self.n_heads}; "
+                  "set head_dim = d_model // n_heads")
+        if not 0.5 <= self.depth_alpha <= 1.0:
+            _fail("depth_alpha", self.depth_alpha, "must lie in [0.5, 1] (1 is CompleteP)")
+        if self.positions == "rope" and self.head_dim % 2:
+            _fail("head_dim", self.head_dim, "must be even for RoPE; use an even head_dim")
+        if self.attention_impl == "cudnn" and self.compute_dtype != "bfloat16":
+            _fail("attention_impl", self.attention_impl, "needs compute_dtype='bfloat16'; "
+                  "set ModelConfig.compute_dtype = 'bfloat16' or attention_impl = 'xla'")
+
+
+def _fail(name: str, value, problem: str) -> None:
+    raise ConfigError(f"ModelConfig.{name}={value!r} {problem}")

@@ -1,0 +1,158 @@
+"""Decoder-only transformer in Flax linen, used through `init_params` and `apply` on plain pytrees.
+
+Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers.
+Parameters are float32; matmuls run in cfg.compute_dtype; the residual stream, norms, softmax and
+logits stay float32. Initial std, LR and eps per parameter come from `completep`.
+"""
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import completep, positions
+from celerity_jax.model.config import ModelConfig
+
+_unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
+
+
+class Norm(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        cfg = self.cfg
+        x = x_BxLxD.astype(jnp.float32)
+        if cfg.norm == "layernorm":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.norm_eps)
+        x = x * self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        if cfg.norm == "layernorm" and cfg.use_bias:
+            x = x + self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+        return x.astype(cfg.compute_dtype)
+
+
+def _dense(cfg: ModelConfig, features: int, name: str) -> nn.Dense:
+    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=_unit_normal, dtype=cfg.compute_dtype,
+                    param_dtype=jnp.float32, name=name)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        cfg = self.cfg
+        b, l, d = x_BxLxD.shape
+        split = lambda t: t.reshape(b, l, cfg.n_heads, cfg.head_dim)
+        q_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "q")(x_BxLxD))
+        k_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "k")(x_BxLxD))
+        v_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "v")(x_BxLxD))
+        bias = None
+        if cfg.positions == "rope":
+            q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta)
+            k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta)
+        elif cfg.positions == "alibi":
+            bias = positions.alibi_bias(cfg.n_heads, l)
+            if cfg.attention_impl == "cudnn":  # the fused kernel wants the bias in the input dtype
+                bias = bias.astype(q_BxLxHxK.dtype)
+        out_BxLxHxK = jax.nn.dot_product_attention(
+            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
+            scale=completep.forward_multipliers(cfg)["attention"], implementation=cfg.attention_impl)
+        return _dense(cfg, d, "o")(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
+
+
+class Mlp(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        cfg = self.cfg
+        h_BxLxF = _dense(cfg, cfg.d_ff, "up")(x_BxLxD)
+        if cfg.mlp == "squared_relu":
+            h_BxLxF = jnp.square(jax.nn.relu(h_BxLxF))
+        elif cfg.mlp == "gelu":
+            h_BxLxF = jax.nn.gelu(h_BxLxF)
+        else:  # swiglu
+            h_BxLxF = jax.nn.silu(_dense(cfg, cfg.d_ff, "gate")(x_BxLxD)) * h_BxLxF
+        return _dense(cfg, x_BxLxD.shape[-1], "down")(h_BxLxF)
+
+
+class Block(nn.Module):
+    """Pre-norm block x ← x + r·Attn(Norm x); x ← x + r·MLP(Norm x), r = m_L^(−α).
+    Returns the new residual stream and its RMS (for the coordinate check)."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        cfg = self.cfg
+        r = completep.forward_multipliers(cfg)["residual"]
+        x_BxLxD = x_BxLxD + r * Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD)).astype(jnp.float32)
+        x_BxLxD = x_BxLxD + r * Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD)).astype(jnp.float32)
+        return x_BxLxD, _rms(x_BxLxD)
+
+
+class Transformer(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens_BxL):
+        cfg = self.cfg
+        mult = completep.forward_multipliers(cfg)
+        embed_VxD = self.param("embed", _unit_normal, (cfg.vocab_size, cfg.d_model))
+        x_BxLxD = jnp.take(embed_VxD, tokens_BxL, axis=0)
+        if cfg.positions == "learned":
+            pos_LxD = self.param("pos_embed", _unit_normal, (cfg.max_seq_len, cfg.d_model))
+            x_BxLxD = x_BxLxD + pos_LxD[None, : tokens_BxL.shape[1]]
+        x_BxLxD = x_BxLxD * mult["input"]
+        stats = {"embed_rms": _rms(x_BxLxD)}
+
+        block = Block
+        if cfg.remat != "none":
+            policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots" else None
+            block = nn.remat(Block, policy=policy, prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                              length=cfg.n_layers)
+            x_BxLxD, rms_N = scanned(cfg, name="blocks")(x_BxLxD)
+        else:
+            rms = []
+            for i in range(cfg.n_layers):
+                x_BxLxD, rms_i = block(cfg, name=f"block_{i}")(x_BxLxD)
+                rms.append(rms_i)
+            rms_N = jnp.stack(rms)
+        stats["residual_rms"] = rms_N
+
+        x_BxLxD = Norm(cfg, name="final_norm")(x_BxLxD)
+        if cfg.tie_embeddings:
+            unembed_DxV = embed_VxD.T
+        else:
+            unembed_DxV = self.param("unembed", _unit_normal, (cfg.d_model, cfg.vocab_size))
+        logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.compute_dtype),
+                               preferred_element_type=jnp.float32) * mult["output"]
+        stats["logits_rms"] = _rms(logits_BxLxV)
+        return logits_BxLxV, stats
+
+
+def _rms(x) -> jnp.ndarray:
+    return jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
+    """Float32 parameters with the per-role init std of `completep.multipliers` (jit-able)."""
+    raw = Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+    stds = completep.multipliers(cfg, raw).init_std
+    return jax.tree.map(lambda p, std: p * std if std > 0 else p, raw, stds)
+
+
+def apply(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, *, return_stats: bool = False):
+    """Float32 logits_BxLxV of the next token at every position (jit-able, cfg static).
+
+    With return_stats, also a dict of RMS values: embed_rms, residual_rms (one per layer), logits_rms.
+    """
+    if tokens_BxL.ndim != 2 or tokens_BxL.shape[1] > cfg.max_seq_len:
+        raise ConfigError(f"tokens of shape {tokens_BxL.shape} do not fit ModelConfig.max_seq_len="
+                          f"{cfg.max_seq_len}; pass [batch, length] with length <= max_seq_len")
+    logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, tokens_BxL)
+    return (logits_BxLxV, stats) if return_stats else logits_BxLxV

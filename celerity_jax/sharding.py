@@ -1,0 +1,87 @@
+"""All sharding rules: the device mesh, and a PartitionSpec for the batch and for every parameter.
+
+Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimizer state
+sharded), `tensor` (Megatron-style: column-parallel q/k/v/up/gate, row-parallel o/down).
+A dimension that the mesh axis does not divide is left unsharded, so tiny models run on any mesh.
+"""
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from celerity_jax.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Parameter name (the last module name on its path) -> spec of its trailing (unscanned) dims.
+PARAM_RULES = {
+    "embed": ("tensor", "fsdp"),        # V x D
+    "pos_embed": (None, "fsdp"),        # L x D
+    "unembed": ("fsdp", "tensor"),      # D x V
+    "q": ("fsdp", "tensor"),            # D x HK
+    "k": ("fsdp", "tensor"),
+    "v": ("fsdp", "tensor"),
+    "up": ("fsdp", "tensor"),           # D x F
+    "gate": ("fsdp", "tensor"),
+    "o": ("tensor", "fsdp"),            # HK x D
+    "down": ("tensor", "fsdp"),         # F x D
+}
+
+
+def make_mesh(mesh_shape: tuple[int, int, int], devices=None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all); one size may be -1."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = list(mesh_shape)
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if len(devices) % known:
+            raise ConfigError(f"mesh_shape={tuple(mesh_shape)} does not divide the {len(devices)} devices; "
+                              "choose sizes whose product divides the device count")
+        shape[shape.index(-1)] = len(devices) // known
+    if math.prod(shape) != len(devices):
+        raise ConfigError(f"mesh_shape={tuple(mesh_shape)} needs {math.prod(shape)} devices but "
+                          f"{len(devices)} are present; make the product equal the device count or use -1")
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batch rows split over data and fsdp; the sequence stays whole."""
+    return NamedSharding(mesh, P(BATCH_AXES, None))
+
+
+def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The spec of one parameter; leading (scanned layer) dims and vectors are replicated."""
+    name = path[-2] if path[-1] in ("kernel", "bias", "scale") else path[-1]
+    rule = PARAM_RULES.get(name) if path[-1] != "bias" else None
+    if rule is None or len(shape) < len(rule):
+        return P()
+    lead = len(shape) - len(rule)
+    axes = [None] * lead + [
+        axis if axis and shape[lead + i] % mesh.shape[axis] == 0 else None for i, axis in enumerate(rule)]
+    return P(*axes)
+
+
+def param_shardings(params, mesh: Mesh):
+    """A NamedSharding per leaf of `params` (arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, param_spec(_keys(path), x.shape, mesh)), params)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def check_batch_divisible(batch_seqs: int, mesh: Mesh, microbatches: int) -> None:
+    """Every microbatch must split evenly over the batch axes of the mesh."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_seqs % microbatches or (batch_seqs // microbatches) % shards:
+        raise ConfigError(
+            f"batch of {batch_seqs} sequences in {microbatches} microbatches does not split over "
+            f"{shards} data x fsdp shards; choose a batch divisible by microbatches x {shards}")
+
+
+def _keys(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)

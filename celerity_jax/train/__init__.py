@@ -1,0 +1,1 @@
+"""The trainer: config, train state, jitted step, checkpoints, writers and the loop."""

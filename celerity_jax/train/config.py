@@ -1,0 +1,77 @@
+"""TrainConfig: how a run is executed (mesh, precision, logging, checkpoints, faults).
+
+What is trained (model, recipe, data, monitor) lives in those modules' own configs.
+"""
+
+import dataclasses
+
+from celerity_jax.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    # (data, fsdp, tensor); one -1 takes the remaining devices.
+    mesh_shape: tuple[int, int, int] = (-1, 1, 1)
+    microbatches: int = 1
+    z_loss: float = 0.0
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int = 4
+    checkpoint_every: int = 500
+    keep_last: int = 3
+    keep_every: int = 0
+    async_checkpointing: bool = True
+    # Non-finite losses tolerated (their updates are skipped) before the run stops.
+    max_bad_steps: int = 0
+    # Weight of the EMA behind `train/loss_smooth`.
+    loss_ema: float = 0.98
+    # Accelerator peak FLOP/s for perf/mfu; 0 looks the device up in PEAK_FLOPS.
+    peak_flops_per_sec: float = 0.0
+    # Stop (with a checkpoint) after this many steps of this invocation; 0 runs to the end.
+    stop_after_steps: int = 0
+    # Reference JSONs for the in-loop collapse monitor (several sizes: the family-aware curve).
+    collapse_reference: tuple[str, ...] = ()
+    # Use references whose controls (TPP, tau, schedule) differ from the run's.
+    force_reference: bool = False
+
+    def __post_init__(self):
+        if len(self.mesh_shape) != 3 or list(self.mesh_shape).count(-1) > 1 or any(
+                s == 0 or s < -1 for s in self.mesh_shape):
+            raise ConfigError(f"TrainConfig.mesh_shape={self.mesh_shape}: give 3 positive sizes for "
+                              f"{MESH_AXES}, at most one of them -1 (all remaining devices)")
+        for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
+        for name in ("eval_every", "keep_every", "max_bad_steps", "stop_after_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
+        if not 0.0 <= self.loss_ema < 1.0:
+            raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
+
+
+# Dense bf16 peak FLOP/s per chip, from vendor data sheets (no sparsity).
+PEAK_FLOPS = {
+    "NVIDIA H200": 989e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA A100": 312e12,
+    "NVIDIA L4": 121e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+}
+
+
+def peak_flops_per_device(device_kind: str, override: float) -> float:
+    """Peak FLOP/s of one device, or 0 when unknown (perf/mfu is then not logged)."""
+    if override > 0:
+        return override
+    for prefix, flops in PEAK_FLOPS.items():
+        if device_kind.startswith(prefix):
+            return flops
+    return 0.0

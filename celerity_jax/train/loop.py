@@ -1,0 +1,251 @@
+"""`train()`: plan, check, build, restore, then run the jitted step with logging and checkpoints.
+
+Run directory layout: config.gin (operative gin config), plan.json, run.json (what identifies the run),
+TensorBoard events, curve.csv (step, tokens, frac, loss), checkpoints/.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+import optax
+
+from celerity_jax import optim, recipe, sharding
+from celerity_jax.collapse import monitor as monitor_lib
+from celerity_jax.collapse.loading import Controls
+from celerity_jax.data import pipeline as data_lib
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import completep, transformer
+from celerity_jax.train import step as step_lib
+from celerity_jax.train.checkpoint import Checkpointer
+from celerity_jax.train.config import TrainConfig, peak_flops_per_device
+from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss stopped being finite more often than TrainConfig.max_bad_steps allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfigs:
+    model: object
+    recipe: object
+    data: object
+    train: TrainConfig
+    monitor: object
+
+
+def run_identity(configs: RunConfigs, plan) -> dict:
+    """What makes two runs the same run: model, recipe and data (not logging or checkpoint cadence)."""
+    return {"model": dataclasses.asdict(configs.model), "recipe": dataclasses.asdict(configs.recipe),
+            "data": dataclasses.asdict(configs.data), "plan": plan.to_dict()}
+
+
+def prepare_workdir(workdir: str, identity: dict, force_new: bool, log=print) -> None:
+    """Refuses a workdir holding a different run; with force_new, archives it (nothing is deleted)."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "run.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        previous = json.load(f)
+    if previous == json.loads(json.dumps(identity)):
+        return
+    diffs = _diff(previous, json.loads(json.dumps(identity)))
+    if not force_new:
+        raise ConfigError(
+            f"workdir {workdir} holds a different run ({'; '.join(diffs[:6])}); use another --workdir, "
+            "or pass --force_new to archive the old run inside it and start over")
+    archive = os.path.join(workdir, f"archived-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(archive)
+    for name in os.listdir(workdir):
+        if not name.startswith("archived-"):
+            shutil.move(os.path.join(workdir, name), os.path.join(archive, name))
+    log(f"--force_new: moved the previous run in {workdir} to {archive}")
+
+
+def _diff(a, b, prefix="") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _state_shardings(abstract_state, mesh, optimizer):
+    param_sh = sharding.param_shardings(abstract_state.params, mesh)
+    rep = sharding.replicated(mesh)
+    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, param_sh,
+                                   transform_non_params=lambda _: rep)
+    return step_lib.TrainState(step=rep, params=param_sh, opt_state=opt_sh,
+                               monitor=jax.tree.map(lambda _: rep, abstract_state.monitor),
+                               bad_steps=rep, first_bad_step=rep)
+
+
+def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
+          log=print) -> dict:
+    """Trains (or resumes) the run in `workdir`; returns a summary dict."""
+    model_cfg, train_cfg, monitor_cfg = configs.model, configs.train, configs.monitor
+    plan = recipe.make_plan(model_cfg, configs.recipe)
+    data_lib.check_seq_len(plan.seq_len, model_cfg.max_seq_len)
+    data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), model_cfg.vocab_size)
+    mesh = sharding.make_mesh(train_cfg.mesh_shape)
+    sharding.check_batch_divisible(plan.batch_seqs, mesh, train_cfg.microbatches)
+    controls = Controls(n_params=plan.n_params, tpp=plan.tpp, tau=plan.tau, schedule=plan.schedule,
+                        warmup_frac=plan.warmup_steps / plan.steps)
+    reference_G = None
+    if train_cfg.collapse_reference:
+        reference_G, notes = monitor_lib.monitor_reference(
+            train_cfg.collapse_reference, monitor_cfg, controls, workdir, force=train_cfg.force_reference)
+        for note in notes:
+            log(note)
+
+    prepare_workdir(workdir, run_identity(configs, plan), force_new, log)
+    is_chief = jax.process_index() == 0
+    if is_chief:
+        _write_atomic(os.path.join(workdir, "run.json"), json.dumps(run_identity(configs, plan), indent=2))
+        _write_atomic(os.path.join(workdir, "plan.json"), plan.to_json())
+        if operative_config:
+            _write_atomic(os.path.join(workdir, "config.gin"), operative_config)
+
+    rng = jax.random.key(train_cfg.seed)
+    multipliers = completep.multipliers(model_cfg, jax.eval_shape(
+        lambda: transformer.init_params(model_cfg, rng)))
+    optimizer = optim.build_optimizer(plan, multipliers)
+    abstract = jax.eval_shape(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng))
+    state_sh = _state_shardings(abstract, mesh, optimizer)
+    batch_sh = sharding.batch_sharding(mesh)
+    state = jax.jit(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng), out_shardings=state_sh)()
+
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), train_cfg.keep_last, train_cfg.keep_every,
+                                train_cfg.async_checkpointing)
+    data_it = data_lib.make_train_iterator(configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(),
+                                           seed=train_cfg.seed, process_index=jax.process_index(),
+                                           process_count=jax.process_count())
+    start_step = 0
+    restored = checkpointer.restore_latest(state, log=log)
+    if restored is not None:
+        start_step, state, data_state = restored
+        data_it.set_state(data_state)
+        log(f"resumed from the checkpoint at step {start_step} in {workdir}/checkpoints")
+    eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in data_lib.make_eval_batches(
+        configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(), train_cfg.eval_batches)]
+
+    train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=train_cfg.microbatches,
+                                          z_loss=train_cfg.z_loss, state_shardings=state_sh,
+                                          batch_sharding=batch_sh)
+    eval_step = step_lib.make_eval_step(model_cfg, batch_sh, state_sh.params)
+
+    tb = TensorBoardWriter(workdir) if is_chief else None
+    curve = CurveCSV(os.path.join(workdir, "curve.csv"), start_step) if is_chief else None
+    if tb and operative_config and start_step == 0:
+        tb.text(0, "config/operative_gin", "    " + operative_config.replace("\n", "\n    "))
+        tb.text(0, "config/plan", "    " + plan.to_json().replace("\n", "\n    "))
+    progress = Progress(plan.steps, start_step)
+    flops_per_step = plan.flops_per_token * plan.batch_tokens
+    peak = peak_flops_per_device(jax.devices()[0].device_kind, train_cfg.peak_flops_per_sec) * jax.device_count()
+    if reference_G is None:
+        log("no collapse reference given (TrainConfig.collapse_reference): the monitor records the curve "
+            "but collapse/* metrics are off; build one with `celerity collapse reference`")
+
+    interrupted = []
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) \
+        if threading.current_thread() is threading.main_thread() else None
+    last_step = plan.steps if not train_cfg.stop_after_steps else min(
+        plan.steps, start_step + train_cfg.stop_after_steps)
+    pending, ema, ema_weight = [], 0.0, 0.0
+    summary = {"workdir": workdir, "start_step": start_step, "steps": plan.steps, "stopped": "finished"}
+    t_log, step_at_log = time.time(), start_step
+    step = start_step
+    try:
+        while step < last_step:
+            batch = next(data_it)
+            batch = {k: jax.make_array_from_process_local_data(batch_sh, v) for k, v in batch.items()}
+            state, metrics = train_step(state, batch)
+            step += 1
+            pending.append(metrics["train/loss"])
+            is_log = step % train_cfg.log_every == 0 or step == last_step or interrupted
+            is_eval = train_cfg.eval_every and (step % train_cfg.eval_every == 0 or step == plan.steps)
+            is_ckpt = step % train_cfg.checkpoint_every == 0 or step == last_step or interrupted
+            if not (is_log or is_eval or is_ckpt):
+                continue
+            losses = np.asarray(jax.device_get(pending), np.float64)
+            bad, first_bad = (int(x) for x in jax.device_get((state.bad_steps, state.first_bad_step)))
+            if bad > train_cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"the loss was not finite at step {first_bad} ({bad} bad steps, TrainConfig.max_bad_steps="
+                    f"{train_cfg.max_bad_steps}); stopped without saving, the last good checkpoint "
+                    f"(step {checkpointer.latest_step()}) is untouched. Lower the LR, or raise max_bad_steps "
+                    "to skip such steps")
+            now = time.time()
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            first = step - len(losses) + 1
+            for i, loss in enumerate(losses):
+                if math.isfinite(loss):
+                    ema_weight = train_cfg.loss_ema * ema_weight + (1 - train_cfg.loss_ema)
+                    ema = train_cfg.loss_ema * ema + (1 - train_cfg.loss_ema) * loss
+            values["train/loss_smooth"] = ema / ema_weight if ema_weight else math.nan
+            values["progress/frac"] = step / plan.steps
+            dt = (now - t_log) / max(step - step_at_log, 1)
+            values["perf/step_time"] = dt
+            values["perf/tokens_per_sec"] = plan.batch_tokens / dt
+            values["perf/model_flops_per_sec"] = flops_per_step / dt
+            if peak:
+                values["perf/mfu"] = flops_per_step / dt / peak
+            if reference_G is not None:
+                collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
+                values.update({k: float(v) for k, v in collapse.items()})
+            if is_eval:
+                values["eval/loss"] = float(np.mean([float(eval_step(state.params, b)) for b in eval_batches]))
+            if is_chief:
+                curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
+                              for i, loss in enumerate(losses)])
+                for i, loss in enumerate(losses[:-1]):
+                    tb.scalars(first + i, {"train/loss": loss})
+                tb.scalars(step, values)
+                tb.flush()
+            shown = {k.split("/")[-1]: values[k] for k in ("train/loss", "eval/loss", "opt/lr", "collapse/residual")
+                     if k in values and math.isfinite(values[k])}
+            progress.update(step, shown)
+            if values.get("collapse/alert", 0.0) > 0:
+                progress.message(f"COLLAPSE ALERT at step {step} (frac {step / plan.steps:.3f}): residual "
+                                 f"{values['collapse/residual']:+.4f} left {monitor_cfg.alert_k}·sigma for "
+                                 f"{monitor_cfg.alert_m} bins")
+                if monitor_cfg.stop_on_alert:
+                    summary["stopped"] = "collapse_alert"
+                    is_ckpt = True
+            pending, t_log, step_at_log = [], time.time(), step
+            if is_ckpt:
+                checkpointer.save(step, state, data_it.get_state())
+            if interrupted:
+                summary["stopped"] = "interrupted"
+                progress.message(f"interrupted: saved a checkpoint at step {step}; rerun the same command to resume")
+                break
+            if summary["stopped"] == "collapse_alert":
+                break
+        if step == last_step and step < plan.steps:
+            summary["stopped"] = "stop_after_steps"
+    finally:
+        progress.close()
+        checkpointer.close()
+        if tb:
+            tb.close()
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+    summary["final_step"] = step
+    return summary

@@ -1,0 +1,111 @@
+"""The train state and the jitted train and eval steps (built by closures, state donated)."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from celerity_jax import optim
+from celerity_jax.collapse import monitor as monitor_lib
+from celerity_jax.model import completep, transformer
+from celerity_jax.model.config import ModelConfig
+from celerity_jax.model.loss import cross_entropy
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    step: jax.Array  # int32: optimizer updates applied so far (skipped bad steps included)
+    params: Any
+    opt_state: Any
+    monitor: Any  # the collapse monitor's binned curve
+    bad_steps: jax.Array  # int32: steps whose loss was not finite (their update was skipped)
+    first_bad_step: jax.Array  # int32: the first such step, -1 if none
+
+
+def init_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, monitor_cfg, rng) -> TrainState:
+    params = transformer.init_params(model_cfg, rng)
+    return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params),
+                      monitor=monitor_lib.monitor_init(monitor_cfg), bad_steps=jnp.zeros([], jnp.int32),
+                      first_bad_step=jnp.full([], -1, jnp.int32))
+
+
+def _loss_fn(model_cfg: ModelConfig, z_loss: float):
+    def loss_fn(params, batch):
+        logits_BxLxV = transformer.apply(model_cfg, params, batch["inputs"])
+        total, aux = cross_entropy(logits_BxLxV, batch["targets"], z_loss)
+        return total, aux["cross_entropy"]
+    return loss_fn
+
+
+def _grads(loss_fn, params, batch, microbatches: int):
+    """Mean gradient and cross-entropy over `microbatches` equal slices of the batch."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if microbatches == 1:
+        (_, ce), grads = grad_fn(params, batch)
+        return grads, ce
+
+    def split(x_BxL):
+        b = x_BxL.shape[0]  # rows i, i+M, i+2M, ... form microbatch i, so each keeps its batch sharding
+        return x_BxL.reshape(b // microbatches, microbatches, *x_BxL.shape[1:]).swapaxes(0, 1)
+
+    def body(carry, micro):
+        grads_acc, ce_acc = carry
+        (_, ce), grads = grad_fn(params, micro)
+        return (jax.tree.map(jnp.add, grads_acc, grads), ce_acc + ce), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (grads, ce), _ = jax.lax.scan(body, (zeros, jnp.zeros([], jnp.float32)), jax.tree.map(split, batch))
+    return jax.tree.map(lambda g: g / microbatches, grads), ce / microbatches
+
+
+def _role_ratios(roles, updates, params) -> dict[str, jax.Array]:
+    """Per CompleteP role: RMS of the update over RMS of the parameters."""
+    out = {}
+    for role in completep.Role:
+        picked = [(u, p) for r, u, p in zip(jax.tree.leaves(roles, is_leaf=lambda x: isinstance(x, completep.Role)),
+                                             jax.tree.leaves(updates), jax.tree.leaves(params)) if r is role]
+        if picked:
+            u2 = sum(jnp.sum(jnp.square(u)) for u, _ in picked)
+            p2 = sum(jnp.sum(jnp.square(p)) for _, p in picked)
+            out[f"opt/update_rms_ratio/{role.value}"] = jnp.sqrt(u2 / jnp.maximum(p2, 1e-30))
+    return out
+
+
+def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTransformation, *,
+                    microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None) -> Callable:
+    """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
+    loss_fn = _loss_fn(model_cfg, z_loss)
+
+    def train_step(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        grads, ce = _grads(loss_fn, state.params, batch, microbatches)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(ce) & jnp.isfinite(optax.global_norm(grads))
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        step = state.step + 1
+        new_state = TrainState(
+            step=step,
+            params=keep(params, state.params),
+            opt_state=keep(opt_state, state.opt_state),
+            monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
+            bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
+            first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))
+        metrics = {"train/loss": ce, "opt/grad_norm": optax.global_norm(grads),
+                   "opt/param_norm": optax.global_norm(new_state.params)}
+        metrics.update({f"opt/{k}": v for k, v in optim.optimizer_metrics(plan, opt_state).items()})
+        metrics.update(_role_ratios(completep.param_roles(state.params), updates, state.params))
+        return new_state, metrics
+
+    return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, None))
+
+
+def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:
+    """(params, batch) -> mean cross-entropy."""
+    loss_fn = _loss_fn(model_cfg, 0.0)
+    return jax.jit(lambda params, batch: loss_fn(params, batch)[1],
+                   in_shardings=(param_shardings, batch_sharding))

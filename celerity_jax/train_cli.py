@@ -1,0 +1,40 @@
+"""`celerity train`: parse gin at the entry point, then run `celerity_jax.train.loop.train`."""
+
+import sys
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train (or resume) one run from gin configs")
+    p.add_argument("--gin_file", action="append", required=True,
+                   help="gin file; repeat to layer (model, run, overrides)")
+    p.add_argument("--gin_param", action="append", default=[], help="one binding, e.g. 'TrainConfig.seed = 1'")
+    p.add_argument("--workdir", required=True, help="run directory: created, or resumed if it holds a checkpoint")
+    p.add_argument("--force_new", action="store_true",
+                   help="archive a different run found in --workdir (inside it) and start over")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() (auto-detected on Cloud TPU and SLURM)")
+    p.add_argument("--coordinator_address", help="multi-host: host:port of process 0 (implies --distributed)")
+    p.add_argument("--num_processes", type=int, help="multi-host: number of processes")
+    p.add_argument("--process_id", type=int, help="multi-host: this process's index")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    import jax
+
+    if args.coordinator_address:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    elif args.distributed:
+        jax.distributed.initialize()
+    from celerity_jax import gin_config
+    from celerity_jax.train.loop import RunConfigs, TrainingDiverged, train
+
+    configs = gin_config.parse_gin(args.gin_file, args.gin_param)
+    try:
+        summary = train(RunConfigs(**configs), args.workdir, operative_config=gin_config.operative_config_str(),
+                        force_new=args.force_new)
+    except TrainingDiverged as e:
+        print(f"celerity train: {e}", file=sys.stderr)
+        return 3
+    print(f"{summary['stopped']} at step {summary['final_step']}/{summary['steps']}: {args.workdir}")
+    return 0

@@ -12,6 +12,9 @@ from celerity_jax.errors import ConfigError
 
 COMMAND_MODULES = (
     "celerity_jax.recipe_cli",
+    "celerity_jax.data.cli",
+    "celerity_jax.collapse.commands",
+    "celerity_jax.train_cli",
 )
 
 

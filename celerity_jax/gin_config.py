@@ -13,14 +13,20 @@ from collections.abc import Mapping, Sequence
 
 import gin
 
+from celerity_jax.collapse.monitor import MonitorConfig
+from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
+from celerity_jax.train.config import TrainConfig
 
-# (key in parse_gin's result, config class). DataConfig, TrainConfig and MonitorConfig go here too.
+# (key in parse_gin's result, config class).
 CONFIGS = (
     ("model", ModelConfig),
     ("recipe", RecipeConfig),
+    ("data", DataConfig),
+    ("train", TrainConfig),
+    ("monitor", MonitorConfig),
 )
 _CONFIGURABLES = {key: gin.external_configurable(cls) for key, cls in CONFIGS}
 

@@ -9,6 +9,7 @@ import math
 
 import jax
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from celerity_jax.errors import ConfigError
@@ -72,6 +73,12 @@ def param_shardings(params, mesh: Mesh):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_opt_state, param_sh, mesh: Mesh):
+    """Moments take their parameter's sharding; counters and hyperparameters are replicated."""
+    return optax.tree_map_params(optimizer, lambda _, s: s, abstract_opt_state, param_sh,
+                                 transform_non_params=lambda _: replicated(mesh))
 
 
 def check_batch_divisible(batch_seqs: int, mesh: Mesh, microbatches: int) -> None:

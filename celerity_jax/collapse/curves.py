@@ -5,22 +5,26 @@ curves, runs shorter than the grid and the in-loop monitor's running state are t
 offline tools and the jitted monitor share every function here (pure jnp, jit-able).
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def bin_centers(n_bins: int) -> jax.Array:
-    """t̂ at the middle of each of `n_bins` equal bins of [0, 1]."""
-    return (jnp.arange(n_bins, dtype=jnp.float32) + 0.5) / n_bins
+def bin_centers(n_bins: int) -> np.ndarray:
+    """t̂ at the middle of each of `n_bins` equal bins of [0, 1] (float64; a constant under jit)."""
+    return (np.arange(n_bins) + 0.5) / n_bins
 
 
+@functools.partial(jax.jit, static_argnames="n_bins")
 def bin_index(frac: jax.Array, n_bins: int) -> jax.Array:
     """The bin of t̂ = `frac`; t̂ = 1 falls in the last bin."""
     return jnp.clip(jnp.floor(jnp.asarray(frac, jnp.float32) * n_bins).astype(jnp.int32), 0, n_bins - 1)
 
 
+@functools.partial(jax.jit, static_argnames="n_bins")
 def bin_curve(frac_T: jax.Array, loss_T: jax.Array, n_bins: int) -> tuple[jax.Array, jax.Array]:
     """Per-bin (loss sum, step count) of a curve; non-finite losses are skipped."""
     loss_T = jnp.asarray(loss_T, jnp.float32)
@@ -31,15 +35,16 @@ def bin_curve(frac_T: jax.Array, loss_T: jax.Array, n_bins: int) -> tuple[jax.Ar
     return sum_G, count_G
 
 
+@functools.partial(jax.jit, static_argnames="width")
 def smooth(sum_G: jax.Array, count_G: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
     """Centered moving average over `width` (odd) bins, weighted by steps: (mean_G, steps_G).
 
     The mean over every step whose bin lies within width//2 bins; the window is one-sided at the ends
     (so the last bin of a partial curve uses only the past). NaN where the window holds no step.
     """
-    kernel = jnp.ones(width, jnp.float32)
-    steps_G = jnp.convolve(count_G, kernel, mode="same")
-    total_G = jnp.convolve(sum_G, kernel, mode="same")
+    def window_sum(x_G):
+        return jax.lax.reduce_window(x_G, 0.0, jax.lax.add, (width,), (1,), ((width // 2, width // 2),))
+    steps_G, total_G = window_sum(count_G), window_sum(sum_G)
     mean_G = jnp.where(steps_G > 0, total_G / jnp.where(steps_G > 0, steps_G, 1.0), jnp.nan)
     return mean_G, steps_G
 
@@ -49,6 +54,7 @@ def normalize(loss: jax.Array, final: jax.Array, offset: float = 0.0) -> jax.Arr
     return (loss - offset) / (final - offset)
 
 
+@functools.partial(jax.jit, static_argnames="width")
 def normalized_curve(sum_G: jax.Array, count_G: jax.Array, width: int,
                      offset: float = 0.0) -> jax.Array:
     """A finished curve smoothed and divided by its own final (last-bin, smoothed) loss."""
@@ -56,6 +62,7 @@ def normalized_curve(sum_G: jax.Array, count_G: jax.Array, width: int,
     return normalize(mean_G, mean_G[-1], offset)
 
 
+@jax.jit
 def last_bin(count_G: jax.Array) -> jax.Array:
     """Index of the last bin holding a step (-1 for an empty curve)."""
     return jnp.max(jnp.where(count_G > 0, jnp.arange(count_G.shape[0]), -1))
@@ -70,6 +77,7 @@ class Alignment(NamedTuple):
     noise: jax.Array          # per-step relative noise of the loss around the aligned reference
 
 
+@jax.jit
 def early_align(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array,
                 window: tuple[float, float], offset: float = 0.0) -> Alignment:
     """The divisor aligning a (partial) binned curve with a normalized reference over a t̂ window.
@@ -97,6 +105,7 @@ def early_align(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array,
     return Alignment(offset + scale, scale * log_scale_err, log_scale, log_scale_err, noise)
 
 
+@functools.partial(jax.jit, static_argnames="width")
 def residuals(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array, align: Alignment, width: int,
               offset: float = 0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(residual_G, sigma_G, normalized_G) of a binned curve against the reference it was aligned to.
@@ -114,6 +123,7 @@ def _in_range(frac_G: jax.Array, lo: float, hi: float) -> jax.Array:
     return (frac_G >= lo) & (frac_G <= hi)
 
 
+@jax.jit
 def collapse_quality(curves_KxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
                      hi: float = 1.0) -> dict[str, jax.Array]:
     """Spread of a family's normalized curves over t̂ ∈ [lo, hi], averaged over t̂.
@@ -131,6 +141,7 @@ def collapse_quality(curves_KxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
     }
 
 
+@jax.jit
 def supercollapse(curves_KxRxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
                   hi: float = 1.0) -> dict[str, jax.Array]:
     """Qiu et al.'s test: spread across sizes Δ against seed-to-seed noise σ, over t̂ ∈ [lo, hi].

@@ -4,13 +4,14 @@ Collapse is never perfect: normalized curves of a family drift slowly with N. Gi
 several sizes, fit log l(t̂) = a(t̂) + b(t̂)·log N at every t̂ (least squares across the references) and
 evaluate it at the target's N. Every reference is 1 at t̂ = 1, so the extrapolated curve is too.
 Aligning a partial run to this curve (curves.early_align) predicts its final loss; with references of a
-single size it reduces to their mean, i.e. single-reference alignment.
+single size it reduces to their geometric mean, i.e. single-reference alignment.
 """
 
 import jax
 import jax.numpy as jnp
 
 
+@jax.jit
 def family_curve(curves_KxG: jax.Array, n_params_K: jax.Array, n_target: float) -> jax.Array:
     """The normalized curve at N = `n_target`, from K references (normalized curves) with their N."""
     x_K = jnp.log(jnp.asarray(n_params_K, jnp.float32))

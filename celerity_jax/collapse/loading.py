@@ -100,6 +100,15 @@ def read_json(path: str) -> dict:
     return data
 
 
+def save_json(data: dict, path: str) -> None:
+    """Writes JSON atomically: an existing file is replaced only by a complete new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
 @dataclasses.dataclass(frozen=True)
 class Curve:
     name: str
@@ -108,6 +117,7 @@ class Curve:
     loss_T: np.ndarray
     frac_T: np.ndarray
     total_steps: int
+    total_from: str  # "given", the plan/sidecar path, "frac column" or "last step" (assumed finished)
     controls: Controls
 
     @property
@@ -118,19 +128,20 @@ class Curve:
 def load_curve(path: str, total_steps: int | None = None) -> Curve:
     """Reads and checks one CURVE (see the module docstring); bad input raises ConfigError."""
     path = os.path.normpath(path)
-    meta, meta_path = {}, None
+    meta_path = None
     if os.path.isdir(path):
         name = os.path.basename(os.path.abspath(path))
-        for d in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
-            if os.path.isfile(os.path.join(d, PLAN_JSON)):
-                meta_path = os.path.join(d, PLAN_JSON)
-                break
         if os.path.isfile(os.path.join(path, CURVE_CSV)):
             source = os.path.join(path, CURVE_CSV)
             step_T, loss_T, frac_T = _read_csv(source)
+            candidates = [path]
         else:
             source = path
             step_T, loss_T, frac_T = _read_events(path)
+            parent = os.path.dirname(os.path.abspath(path))
+            candidates = [path, parent, os.path.dirname(parent)]
+        meta_path = next((os.path.join(d, PLAN_JSON) for d in candidates
+                          if os.path.isfile(os.path.join(d, PLAN_JSON))), None)
     elif os.path.isfile(path) and path.endswith(".csv"):
         source, name = path, os.path.basename(path)[:-4]
         step_T, loss_T, frac_T = _read_csv(path)
@@ -139,47 +150,46 @@ def load_curve(path: str, total_steps: int | None = None) -> Curve:
     else:
         raise ConfigError(f"{path}: not a run directory, TensorBoard event directory or .csv file "
                           "(see the collapse README for the curve formats)")
-    if meta_path:
-        meta = read_json(meta_path)
+    meta = read_json(meta_path) if meta_path else {}
     controls, meta_steps = controls_from_mapping(meta, meta_path or source)
     _check_values(source, step_T, loss_T, frac_T)
     if total_steps is not None:
-        frac_T = None
+        frac_T, total_from = None, "given"
     elif meta_steps:
-        total_steps = meta_steps
+        total_steps, total_from = meta_steps, meta_path
     elif frac_T is not None and frac_T[-1] > 0:
-        total_steps = int(round(step_T[-1] / frac_T[-1]))
+        total_steps, total_from = int(round(step_T[-1] / frac_T[-1])), "frac column"
     else:
-        total_steps = int(step_T[-1])  # a finished curve ends at its last step
+        total_steps, total_from = int(step_T[-1]), "last step"  # a finished curve ends at its last step
     if total_steps < step_T[-1] or total_steps < 1:
         raise ConfigError(f"{source}: the total step count {total_steps} is smaller than the curve, whose "
                           f"last step is {int(step_T[-1])}; pass the run's real total steps")
     if frac_T is None:
         frac_T = step_T / total_steps
-    return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), controls)
+    return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), total_from, controls)
 
 
 def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     try:
         with open(path, newline="") as f:
-            rows = [r for r in csv.reader(f) if r]
-    except (OSError, UnicodeDecodeError) as e:
+            lines = [(i, r) for i, r in enumerate(csv.reader(f), start=1) if r]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ConfigError(f"{path}: cannot read the CSV ({e})") from e
-    if not rows:
+    if not lines:
         raise ConfigError(f"{path}: empty file; a curve CSV needs a header with 'step' and 'loss'")
-    header = [h.strip().lower() for h in rows[0]]
+    header = [h.strip().lower() for h in lines[0][1]]
     missing = [c for c in ("step", "loss") if c not in header]
     if missing:
-        raise ConfigError(f"{path}: the header {rows[0]} lacks column(s) {missing}; a curve CSV needs "
+        raise ConfigError(f"{path}: the header {lines[0][1]} lacks column(s) {missing}; a curve CSV needs "
                           "'step' and 'loss' (optional 'tokens', 'frac')")
-    if len(rows) < 2:
+    if len(lines) < 2:
         raise ConfigError(f"{path}: no data rows under the header")
     cols = {c: header.index(c) for c in ("step", "loss", "frac") if c in header}
-    values = {c: np.empty(len(rows) - 1) for c in cols}
-    for line, row in enumerate(rows[1:], start=2):
+    values = {c: np.empty(len(lines) - 1) for c in cols}
+    for row_index, (line, row) in enumerate(lines[1:]):
         for c, i in cols.items():
             try:
-                values[c][line - 2] = float(row[i])
+                values[c][row_index] = float(row[i])
             except (IndexError, ValueError):
                 raise ConfigError(f"{path}, line {line}: {c!r} is {row[i] if i < len(row) else 'missing'!r}, "
                                   "not a number") from None
@@ -198,16 +208,13 @@ def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         acc.Reload()
         tags = acc.Tags()
         for tag in (LOSS_TAG, FRAC_TAG):
-            if tag in tags["scalars"]:
-                events = [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)]
-            elif tag in tags["tensors"]:
-                events = [(e.wall_time, e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
-                          for e in acc.Tensors(tag)]
-            else:
-                continue
+            events = [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] if tag in tags["scalars"] else []
+            if tag in tags["tensors"]:  # scalars written as tensors (tensorboard.summary.Writer)
+                events += [(e.wall_time, e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                           for e in acc.Tensors(tag)]
             # A restarted run logs some steps twice: the latest write of a step wins.
             series.setdefault(tag, {}).update({s: v for _, s, v in sorted(events)})
-    if LOSS_TAG not in series:
+    if not series.get(LOSS_TAG):
         raise ConfigError(f"{path}: no {CURVE_CSV} and no TensorBoard scalar {LOSS_TAG!r} under it; "
                           "give a run directory, an event directory or a CSV")
     step_T = np.array(sorted(series[LOSS_TAG]), float)

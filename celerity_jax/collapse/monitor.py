@@ -130,5 +130,5 @@ def monitor_reference(paths: Sequence[str], cfg: MonitorConfig, controls: Contro
         raise ConfigError("no reference given; build one with `celerity collapse reference`")
     refs = [load_reference(p) for p in paths]
     notes = check_controls(refs, controls, run_name, force, cfg.offset)
-    frac_G = np.asarray(curves.bin_centers(cfg.n_bins))
+    frac_G = curves.bin_centers(cfg.n_bins)
     return reference_curve(refs, frac_G, controls.n_params), notes

@@ -7,14 +7,12 @@ unless forced; references of several sizes combine into the family-aware curve a
 
 import dataclasses
 import datetime
-import json
-import os
 
 import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax.collapse import curves, family, surrogate
-from celerity_jax.collapse.loading import Controls, Curve, controls_from_mapping, read_json
+from celerity_jax.collapse.loading import Controls, Curve, controls_from_mapping, read_json, save_json
 from celerity_jax.errors import ConfigError
 
 FORMAT = "celerity-collapse-reference/1"
@@ -65,7 +63,7 @@ def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offs
     normalized_KxG = np.stack(normalized_KxG)
     provenance = {"kind": "curves", "sources": [r.source for r in runs], "n_seeds": len(runs),
                   "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
-    return Reference(np.asarray(curves.bin_centers(n_bins)), normalized_KxG.mean(axis=0),
+    return Reference(curves.bin_centers(n_bins), normalized_KxG.mean(axis=0),
                      normalized_KxG.std(axis=0, ddof=1) if len(runs) > 1 else None, runs[0].controls,
                      float(offset), float(np.mean(finals)), provenance)
 
@@ -82,20 +80,11 @@ def reference_from_surrogate(constants: surrogate.SurrogateConstants, controls: 
                                         constants.q(controls.tpp))
     provenance = {"kind": "surrogate", "constants": dataclasses.asdict(constants), "source": source,
                   "n_bins": n_bins, "created": _now()}
-    return Reference(np.asarray(frac_G), np.asarray(curve_G), None, controls, 0.0, None, provenance)
+    return Reference(frac_G, np.asarray(curve_G), None, controls, 0.0, None, provenance)
 
 
 def _floats(x: np.ndarray) -> list[float]:
     return [float(f"{v:.7g}") for v in np.asarray(x, float)]
-
-
-def save_json(data: dict, path: str) -> None:
-    """Writes JSON atomically: an existing file is replaced only by a complete new one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def save_reference(ref: Reference, path: str) -> None:
@@ -153,10 +142,10 @@ def check_controls(refs: list[Reference], run: Controls, run_name: str, force: b
 
 def reference_curve(refs: list[Reference], frac_G: np.ndarray, n_params: float | None = None) -> jnp.ndarray:
     """The references' normalized curve on `frac_G`: family-aware at N = `n_params` when they span
-    several sizes (each with its N), else their mean."""
+    several sizes (each with its N), else their geometric mean."""
     on_grid_KxG = jnp.stack([jnp.interp(jnp.asarray(frac_G, jnp.float32), r.frac_G, r.normalized_G)
                              for r in refs])
     sizes = [r.controls.n_params for r in refs]
-    if n_params is None or None in sizes or len(set(sizes)) < 2:
-        return jnp.mean(on_grid_KxG, axis=0)
+    if n_params is None or None in sizes:
+        sizes, n_params = [1.0] * len(refs), 1.0
     return family.family_curve(on_grid_KxG, jnp.asarray(sizes), n_params)

@@ -7,13 +7,17 @@ fitted by mean absolute error over t̂ ∈ [0.2, 1]: a grid over (b_c, b_e) with
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax import schedules
+from celerity_jax.collapse.loading import read_json, save_json
+from celerity_jax.errors import ConfigError
 
+FORMAT = "celerity-collapse-surrogate/1"
 EPS1 = 0.001
 EPS2 = 0.1
 M = 0.05
@@ -33,6 +37,7 @@ class SurrogateConstants:
         return self.q_c * tpp**self.q_e
 
 
+@jax.jit
 def surrogate_curve(frac_G: jax.Array, eta_G: jax.Array, eta_end: jax.Array, b: jax.Array,
                     q: jax.Array) -> jax.Array:
     """l̂ at t̂ = `frac_G` with schedule values `eta_G` there and `eta_end` = η(1)."""
@@ -103,6 +108,7 @@ def fit_surrogate(curves_CxG: np.ndarray, frac_G: np.ndarray, eta_CxG: np.ndarra
     return SurrogateFit(constants, mae_C, float(mae_C.mean()))
 
 
+@functools.partial(jax.jit, static_argnames=("steps", "schedule", "warmup_frac"))
 def sample_curve(key: jax.Array, steps: int, b: float, q: float, final_loss: float, noise: float,
                  schedule: str = "d2z", warmup_frac: float = 0.1) -> tuple[jax.Array, jax.Array]:
     """A synthetic run whose normalized curve is the surrogate: (frac_T, loss_T) at t̂ = step/T.
@@ -113,3 +119,23 @@ def sample_curve(key: jax.Array, steps: int, b: float, q: float, final_loss: flo
     eta_T, eta_end = schedule_on_grid(frac_T, schedule, warmup_frac)
     clean_T = final_loss * surrogate_curve(frac_T, eta_T, eta_end, b, q)
     return frac_T, clean_T * (1.0 + noise * jax.random.normal(key, (steps,)))
+
+
+def save_surrogate(fit: SurrogateFit, curve_info: list[dict], fit_range: tuple[float, float],
+                   provenance: dict, path: str) -> None:
+    """Writes the fitted constants, the MAE per curve (with `curve_info`) and overall."""
+    save_json({"format": FORMAT, "constants": dataclasses.asdict(fit.constants),
+               "fixed": {"eps1": EPS1, "eps2": EPS2, "m": M}, "fit_range": list(fit_range), "mae": fit.mae,
+               "curves": [dict(info, mae=float(m)) for info, m in zip(curve_info, fit.mae_C)],
+               "provenance": provenance}, path)
+
+
+def load_surrogate(path: str) -> SurrogateConstants:
+    data = read_json(path)
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a surrogate file (format {data.get('format')!r}, expected "
+                          f"{FORMAT!r}); make one with `celerity collapse fit`")
+    try:
+        return SurrogateConstants(**{k: float(data["constants"][k]) for k in ("b_c", "b_e", "q_c", "q_e")})
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: malformed surrogate constants ({e!r}); refit it") from e

@@ -23,7 +23,7 @@ class CoordCheckConfig:
     widths: tuple[int, ...] = (64, 128, 256, 512)
     depths: tuple[int, ...] = (2, 4, 8, 16)
     fixed_depth: int = 2  # depth of the width sweep (= n_layers_base)
-    fixed_width: int = 128  # width of the depth sweep
+    fixed_width: int = 64  # width of the depth sweep (= d_base)
     head_dim: int = 16
     vocab_size: int = 64
     seq_len: int = 16
@@ -52,32 +52,43 @@ def batch_tokens(cc: CoordCheckConfig) -> np.ndarray:
 
 def train_and_record(cfg: ModelConfig, tokens_BxL1: np.ndarray, cc: CoordCheckConfig) -> dict[str, np.ndarray]:
     """Loss and RMS values before each of cc.steps Adam steps and after the last: arrays [steps+1]."""
-    params = transformer.init_params(cfg, jax.random.key(cc.seed))
-    mult = completep.multipliers(cfg, params)
     inputs, targets = jnp.asarray(tokens_BxL1[:, :-1]), jnp.asarray(tokens_BxL1[:, 1:])
     b1, b2 = 0.9, 0.95
 
-    def loss_fn(p):
-        logits_BxLxV, stats = transformer.apply(cfg, p, inputs, return_stats=True)
+    def loss_fn(params):
+        logits_BxLxV, stats = transformer.apply(cfg, params, inputs, return_stats=True)
         value, _ = loss.cross_entropy(logits_BxLxV, targets)
         return value, {"loss": value, "residual_rms": stats["residual_rms"][-1], "logits_rms": stats["logits_rms"]}
 
-    @jax.jit
-    def step(p, m, v, t):
-        grads, record = jax.grad(loss_fn, has_aux=True)(p)
+    def adam_step(params, m, v, t):
+        grads, record = jax.grad(loss_fn, has_aux=True)(params)
         m = jax.tree.map(lambda m_, g: b1 * m_ + (1 - b1) * g, m, grads)
         v = jax.tree.map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, v, grads)
-        update = lambda p_, m_, v_, lr, eps: p_ - cc.base_lr * lr * (m_ / (1 - b1**t)) / (
+        update = lambda p, m_, v_, lr, eps: p - cc.base_lr * lr * (m_ / (1 - b1**t)) / (
             jnp.sqrt(v_ / (1 - b2**t)) + cc.base_eps * eps)
-        return jax.tree.map(update, p, m, v, mult.lr, mult.eps), m, v, record
+        return jax.tree.map(update, params, m, v, mult.lr, mult.eps), m, v, record
 
-    m = v = jax.tree.map(jnp.zeros_like, params)
+    def init(rng):
+        params = transformer.init_params(cfg, rng)
+        return params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
+
+    rng = np.array(jax.random.key_data(jax.random.key(cc.seed)))
+    params, m, v = _compiled(lambda r: init(jax.random.wrap_key_data(r)), rng)(rng)
+    mult = completep.multipliers(cfg, params)
+    step = _compiled(adam_step, params, m, v, 1.0)
     records = []
     for t in range(1, cc.steps + 2):  # the last call only records
-        new_params, m, v, record = step(params, m, v, t)
+        new_params, m, v, record = step(params, m, v, float(t))
         params = new_params if t <= cc.steps else params
         records.append(record)
     return {k: np.array([float(r[k]) for r in records]) for k in records[0]}
+
+
+def _compiled(fn, *args):
+    """fn(*args) compiled, trading run speed for compile speed on CPU, where these tiny models spend
+    most of their time in XLA's fusion emitters and LLVM optimization."""
+    options = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    return jax.jit(fn).lower(*args).compile(options if jax.default_backend() == "cpu" else None)
 
 
 def run(cc: CoordCheckConfig, modes: tuple[str, ...] = ("standard", "completep"),
@@ -86,11 +97,15 @@ def run(cc: CoordCheckConfig, modes: tuple[str, ...] = ("standard", "completep")
     tokens = batch_tokens(cc)
     shapes = {"width": [(d, cc.fixed_depth) for d in cc.widths],
               "depth": [(cc.fixed_width, n) for n in cc.depths]}
+    done = {}  # the sweeps share the model at (fixed_width, fixed_depth)
     results = {}
     for mode in modes:
         results[mode] = {}
         for sweep in sweeps:
-            runs = [train_and_record(model_config(cc, mode, d, n), tokens, cc) for d, n in shapes[sweep]]
+            for shape in shapes[sweep]:
+                if (mode, shape) not in done:
+                    done[mode, shape] = train_and_record(model_config(cc, mode, *shape), tokens, cc)
+            runs = [done[mode, shape] for shape in shapes[sweep]]
             results[mode][sweep] = {"sizes": list(cc.widths if sweep == "width" else cc.depths),
                                     **{k: np.stack([r[k] for r in runs]) for k in runs[0]}}
     return results

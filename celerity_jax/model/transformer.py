@@ -5,6 +5,8 @@ Parameters are float32; matmuls run in cfg.compute_dtype; the residual stream, n
 logits stay float32. Initial std, LR and eps per parameter come from `completep`.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
@@ -139,15 +141,17 @@ def _rms(x) -> jnp.ndarray:
     return jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
-    """Float32 parameters with the per-role init std of `completep.multipliers` (jit-able)."""
+    """Float32 parameters with the per-role init std of `completep.multipliers`."""
     raw = Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
     stds = completep.multipliers(cfg, raw).init_std
     return jax.tree.map(lambda p, std: p * std if std > 0 else p, raw, stds)
 
 
+@functools.partial(jax.jit, static_argnums=0, static_argnames="return_stats")
 def apply(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, *, return_stats: bool = False):
-    """Float32 logits_BxLxV of the next token at every position (jit-able, cfg static).
+    """Float32 logits_BxLxV of the next token at every position.
 
     With return_stats, also a dict of RMS values: embed_rms, residual_rms (one per layer), logits_rms.
     """

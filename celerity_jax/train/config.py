@@ -30,8 +30,8 @@ class TrainConfig:
     loss_ema: float = 0.98
     # Accelerator peak FLOP/s for perf/mfu; 0 looks the device up in PEAK_FLOPS.
     peak_flops_per_sec: float = 0.0
-    # Stop (with a checkpoint) after this many steps of this invocation; 0 runs to the end.
-    stop_after_steps: int = 0
+    # Stop (with a checkpoint) once this global step is reached; 0 runs to the end of the plan.
+    stop_at_step: int = 0
     # Reference JSONs for the in-loop collapse monitor (several sizes: the family-aware curve).
     collapse_reference: tuple[str, ...] = ()
     # Use references whose controls (TPP, tau, schedule) differ from the run's.
@@ -45,7 +45,7 @@ class TrainConfig:
         for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("eval_every", "keep_every", "max_bad_steps", "stop_after_steps"):
+        for name in ("eval_every", "keep_every", "max_bad_steps", "stop_at_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
         if not 0.0 <= self.loss_ema < 1.0:

@@ -15,7 +15,6 @@ import time
 
 import jax
 import numpy as np
-import optax
 
 from celerity_jax import optim, recipe, sharding
 from celerity_jax.collapse import monitor as monitor_lib
@@ -27,6 +26,10 @@ from celerity_jax.train import step as step_lib
 from celerity_jax.train.checkpoint import Checkpointer
 from celerity_jax.train.config import TrainConfig, peak_flops_per_device
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
+
+
+CONSOLE_METRICS = {"loss": "train/loss_smooth", "eval": "eval/loss", "lr": "opt/lr",
+                   "residual": "collapse/residual", "tok/s": "perf/tokens_per_sec"}
 
 
 class TrainingDiverged(RuntimeError):
@@ -87,16 +90,6 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _state_shardings(abstract_state, mesh, optimizer):
-    param_sh = sharding.param_shardings(abstract_state.params, mesh)
-    rep = sharding.replicated(mesh)
-    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, param_sh,
-                                   transform_non_params=lambda _: rep)
-    return step_lib.TrainState(step=rep, params=param_sh, opt_state=opt_sh,
-                               monitor=jax.tree.map(lambda _: rep, abstract_state.monitor),
-                               bad_steps=rep, first_bad_step=rep)
-
-
 def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
@@ -123,12 +116,17 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         if operative_config:
             _write_atomic(os.path.join(workdir, "config.gin"), operative_config)
 
+    log(f"plan: N={plan.n_params:,} params, D={plan.tokens:,} tokens ({plan.tpp:g} TPP), {plan.steps} steps of "
+        f"{plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "
+        f"hidden peak lr={plan.lr_hidden:.4g}")
+    stats = data_lib.corpus_stats(configs.data)
+    log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items()))
     rng = jax.random.key(train_cfg.seed)
     multipliers = completep.multipliers(model_cfg, jax.eval_shape(
         lambda: transformer.init_params(model_cfg, rng)))
     optimizer = optim.build_optimizer(plan, multipliers)
     abstract = jax.eval_shape(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng))
-    state_sh = _state_shardings(abstract, mesh, optimizer)
+    state_sh = step_lib.state_shardings(abstract, mesh, optimizer)
     batch_sh = sharding.batch_sharding(mesh)
     state = jax.jit(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng), out_shardings=state_sh)()
 
@@ -144,7 +142,8 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         data_it.set_state(data_state)
         log(f"resumed from the checkpoint at step {start_step} in {workdir}/checkpoints")
     eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in data_lib.make_eval_batches(
-        configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(), train_cfg.eval_batches)]
+        configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(), train_cfg.eval_batches,
+        process_index=jax.process_index(), process_count=jax.process_count())]
 
     train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=train_cfg.microbatches,
                                           z_loss=train_cfg.z_loss, state_shardings=state_sh,
@@ -166,8 +165,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     interrupted = []
     previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) \
         if threading.current_thread() is threading.main_thread() else None
-    last_step = plan.steps if not train_cfg.stop_after_steps else min(
-        plan.steps, start_step + train_cfg.stop_after_steps)
+    last_step = min(plan.steps, train_cfg.stop_at_step or plan.steps)
     pending, ema, ema_weight = [], 0.0, 0.0
     summary = {"workdir": workdir, "start_step": start_step, "steps": plan.steps, "stopped": "finished"}
     t_log, step_at_log = time.time(), start_step
@@ -219,8 +217,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
                     tb.scalars(first + i, {"train/loss": loss})
                 tb.scalars(step, values)
                 tb.flush()
-            shown = {k.split("/")[-1]: values[k] for k in ("train/loss", "eval/loss", "opt/lr", "collapse/residual")
-                     if k in values and math.isfinite(values[k])}
+            shown = {name: values[k] for name, k in CONSOLE_METRICS.items() if math.isfinite(values.get(k, math.nan))}
             progress.update(step, shown)
             if values.get("collapse/alert", 0.0) > 0:
                 progress.message(f"COLLAPSE ALERT at step {step} (frac {step / plan.steps:.3f}): residual "
@@ -239,7 +236,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
             if summary["stopped"] == "collapse_alert":
                 break
         if step == last_step and step < plan.steps:
-            summary["stopped"] = "stop_after_steps"
+            summary["stopped"] = "stop_at_step"
     finally:
         progress.close()
         checkpointer.close()

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from celerity_jax import optim
+from celerity_jax import optim, sharding
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.model import completep, transformer
 from celerity_jax.model.config import ModelConfig
@@ -31,6 +31,16 @@ def init_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
     return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params),
                       monitor=monitor_lib.monitor_init(monitor_cfg), bad_steps=jnp.zeros([], jnp.int32),
                       first_bad_step=jnp.full([], -1, jnp.int32))
+
+
+def state_shardings(abstract_state: TrainState, mesh, optimizer: optax.GradientTransformation) -> TrainState:
+    """A NamedSharding for every leaf of the train state (rules in `celerity_jax.sharding`)."""
+    param_sh = sharding.param_shardings(abstract_state.params, mesh)
+    rep = sharding.replicated(mesh)
+    return TrainState(step=rep, params=param_sh,
+                      opt_state=sharding.opt_state_shardings(optimizer, abstract_state.opt_state, param_sh, mesh),
+                      monitor=jax.tree.map(lambda _: rep, abstract_state.monitor),
+                      bad_steps=rep, first_bad_step=rep)
 
 
 def _loss_fn(model_cfg: ModelConfig, z_loss: float):
@@ -84,7 +94,7 @@ def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTrans
         grads, ce = _grads(loss_fn, state.params, batch, microbatches)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        finite = jnp.isfinite(ce) & jnp.isfinite(optax.global_norm(grads))
+        finite = jnp.isfinite(ce) & jnp.isfinite(optax.tree.norm(grads))
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         step = state.step + 1
         new_state = TrainState(
@@ -94,8 +104,8 @@ def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTrans
             monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
             bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
             first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))
-        metrics = {"train/loss": ce, "opt/grad_norm": optax.global_norm(grads),
-                   "opt/param_norm": optax.global_norm(new_state.params)}
+        metrics = {"train/loss": ce, "opt/grad_norm": optax.tree.norm(grads),
+                   "opt/param_norm": optax.tree.norm(new_state.params)}
         metrics.update({f"opt/{k}": v for k, v in optim.optimizer_metrics(plan, opt_state).items()})
         metrics.update(_role_ratios(completep.param_roles(state.params), updates, state.params))
         return new_state, metrics

@@ -1,0 +1,133 @@
+"""Overhead of the in-loop collapse monitor on a jitted, train-like step (target: <= 1% of step time).
+
+Times a small MLP regression step (forward, backward, Adam-like update, donated state) with and without
+`monitor_update` inside it, interleaving the two so machine load hits both alike; also the device cost
+of monitor_update alone (many updates in one jitted loop) and of one `monitor_metrics` call (made only at
+log steps). Prints a table and writes JSON.
+
+    python benchmarks/monitor_overhead.py [--out bench_out/monitor_overhead.json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from celerity_jax.collapse import curves, monitor
+
+
+def make_step(d: int, hidden: int, with_monitor: bool):
+    def loss_fn(params, x_BxD):
+        h_BxH = jax.nn.relu(x_BxD @ params["w1_DxH"])
+        return jnp.mean((h_BxH @ params["w2_HxD"] - x_BxD)**2)
+
+    def step(state, x_BxD):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], x_BxD)
+        moments = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, state["moments"], grads)
+        params = jax.tree.map(lambda p, m: p - 1e-3 * m, state["params"], moments)
+        new = dict(state, params=params, moments=moments, step=state["step"] + 1)
+        if with_monitor:
+            new["monitor"] = monitor.monitor_update(state["monitor"], loss, new["step"] / 100_000)
+        return new, loss
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def init_state(d: int, hidden: int, cfg: monitor.MonitorConfig):
+    k1, k2 = jax.random.split(jax.random.key(0))
+    params = {"w1_DxH": jax.random.normal(k1, (d, hidden)) / d**0.5,
+              "w2_HxD": jax.random.normal(k2, (hidden, d)) / hidden**0.5}
+    return {"params": params, "moments": jax.tree.map(jnp.zeros_like, params), "step": jnp.zeros([], jnp.int32),
+            "monitor": monitor.monitor_init(cfg)}
+
+
+def time_steps(step, state, x_BxD, n: int):
+    start = time.perf_counter()
+    for _ in range(n):
+        state, loss = step(state, x_BxD)
+    loss.block_until_ready()
+    return state, (time.perf_counter() - start) / n
+
+
+def measure(d: int, hidden: int, batch: int, cfg: monitor.MonitorConfig, steps: int, repeats: int) -> dict:
+    x_BxD = jax.random.normal(jax.random.key(1), (batch, d))
+    runs = {}
+    for with_monitor in (False, True):
+        step = make_step(d, hidden, with_monitor)
+        state, _ = time_steps(step, init_state(d, hidden, cfg), x_BxD, 3)  # compile and warm up
+        runs[with_monitor] = [step, state, []]
+    for _ in range(repeats):
+        for run in runs.values():
+            run[1], seconds = time_steps(run[0], run[1], x_BxD, steps)
+            run[2].append(seconds)
+    base, with_monitor = (statistics.median(runs[k][2]) for k in (False, True))
+    return {"d": d, "hidden": hidden, "batch": batch, "step_s": base, "step_with_monitor_s": with_monitor,
+            "measured_overhead": with_monitor / base - 1.0}
+
+
+def monitor_costs(cfg: monitor.MonitorConfig, n: int = 10_000) -> dict:
+    @jax.jit
+    def many_updates(state):
+        return jax.lax.fori_loop(0, n, lambda i, s: monitor.monitor_update(s, 2.0 + i * 1e-5, i / n), state)
+
+    def empty_loop(state):
+        return jax.lax.fori_loop(0, n, lambda i, s: jax.tree.map(lambda x: x + 0.0 * i, s), state)
+
+    state = monitor.monitor_init(cfg)
+    costs = {}
+    for name, fn in (("update", many_updates), ("loop", jax.jit(empty_loop))):
+        jax.block_until_ready(fn(state))
+        start = time.perf_counter()
+        jax.block_until_ready(fn(state))
+        costs[name] = (time.perf_counter() - start) / n
+    state = many_updates(state)
+    reference_G = curves.normalized_curve(state["loss_sum"], state["count"], cfg.smooth_bins)
+    jax.block_until_ready(monitor.monitor_metrics(state, reference_G, cfg))
+    start = time.perf_counter()
+    for _ in range(100):
+        metrics = monitor.monitor_metrics(state, reference_G, cfg)
+    jax.block_until_ready(metrics)
+    return {"update_s": max(costs["update"] - costs["loop"], 0.0), "update_in_loop_s": costs["update"],
+            "metrics_call_s": (time.perf_counter() - start) / 100}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench_out/monitor_overhead.json")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--log-every", type=int, default=10, help="steps between monitor_metrics calls")
+    args = parser.parse_args()
+    cfg = monitor.MonitorConfig()
+    costs = monitor_costs(cfg)
+    rows = [measure(d, h, b, cfg, args.steps, args.repeats) for d, h, b in ((128, 512, 64), (256, 1024, 256))]
+    for row in rows:
+        row["update_share"] = costs["update_in_loop_s"] / row["step_s"]
+        row["metrics_share"] = costs["metrics_call_s"] / (args.log_every * row["step_s"])
+    result = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "host": platform.node(),
+              "n_bins": cfg.n_bins, "log_every": args.log_every, **costs, "rows": rows}
+    print(f"backend {result['backend']} ({result['device']}), {cfg.n_bins} bins")
+    print(f"monitor_update: {1e6 * costs['update_in_loop_s']:.2f} µs per step inside a jitted loop; "
+          f"monitor_metrics: {1e3 * costs['metrics_call_s']:.3f} ms per call (every {args.log_every} steps)")
+    print(f"{'MLP d×hidden, batch':>22s} {'step ms':>9s} {'+monitor ms':>12s} {'measured':>9s} "
+          f"{'update':>8s} {'metrics':>8s}")
+    for row in rows:
+        print(f"{row['d']:>9d}×{row['hidden']:<5d}, {row['batch']:>5d} {1e3 * row['step_s']:9.3f} "
+              f"{1e3 * row['step_with_monitor_s']:12.3f} {100 * row['measured_overhead']:8.2f}% "
+              f"{100 * row['update_share']:7.3f}% {100 * row['metrics_share']:7.3f}%")
+    print("measured: with/without monitor_update in the step (noisy on a loaded machine); update/metrics: "
+          "their own cost as a share of the step (metrics amortized over the log interval)")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""DataConfig: where the tokens come from, how they are tokenized and in what order they are served."""
+
+import dataclasses
+
+from celerity_jax.errors import ConfigError
+
+SOURCES = ("stdlib", "text", "arrayrecord")
+ON_BAD_FILE = ("skip", "fail")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Every field gin can bind by name, e.g. `DataConfig.source = "text"`.
+
+    source: "stdlib" (the running interpreter's standard library, no download), "text" (`paths` are
+      .txt/.jsonl files, globs or folders) or "arrayrecord" (`paths` holds one `celerity prepare-data`
+      output folder, local or gs://).
+    val_paths: for "text", files that form the validation split; empty splits `paths` by a hash of
+      each document's key (stdlib and folders: the path; .jsonl: path and line number).
+    tokenizer: "byte" (256 bytes + an end-of-text separator), a HuggingFace `tokenizer.json` file or a
+      SentencePiece `.model` file. Ignored for "arrayrecord", whose folder records its tokenizer.
+    separator_token: the token placed after every document; empty picks the tokenizer's own
+      end-of-text token.
+    shuffle_seed: combined with the trainer's seed to order the training sequences.
+    allow_repeat: past the end of the training split, start another epoch (with one warning) or
+      raise ConfigError.
+    on_bad_file: binary or undecodable files (and unreadable .jsonl lines) are skipped and counted,
+      or stop the run.
+    """
+
+    source: str = "stdlib"
+    paths: tuple[str, ...] = ()
+    val_paths: tuple[str, ...] = ()
+    text_field: str = "text"
+    tokenizer: str = "byte"
+    separator_token: str = ""
+    val_fraction: float = 0.05
+    shuffle_seed: int = 0
+    allow_repeat: bool = True
+    on_bad_file: str = "skip"
+
+    def __post_init__(self):
+        # gin and JSON hand over lists; the config must stay hashable (it keys the corpus cache).
+        object.__setattr__(self, "paths", tuple(self.paths))
+        object.__setattr__(self, "val_paths", tuple(self.val_paths))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the field, the problem and the fix."""
+        if self.source not in SOURCES:
+            raise ConfigError(f"DataConfig.source={self.source!r} is not one of {SOURCES}")
+        if self.source == "stdlib" and (self.paths or self.val_paths):
+            raise ConfigError("DataConfig.paths/val_paths are set but DataConfig.source='stdlib' reads the "
+                              "standard library; set source='text' to read your files, or clear the paths")
+        if self.source != "stdlib" and not self.paths:
+            raise ConfigError(f"DataConfig.source={self.source!r} needs DataConfig.paths (files, globs or "
+                              "folders for 'text'; the prepare-data output folder for 'arrayrecord')")
+        if self.source == "arrayrecord" and (len(self.paths) != 1 or self.val_paths):
+            raise ConfigError("DataConfig.source='arrayrecord' takes exactly one folder in DataConfig.paths "
+                              "(the output of `celerity prepare-data`, which holds both splits) and no val_paths")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"DataConfig.val_fraction={self.val_fraction} must lie strictly between 0 and 1")
+        if self.on_bad_file not in ON_BAD_FILE:
+            raise ConfigError(f"DataConfig.on_bad_file={self.on_bad_file!r} is not one of {ON_BAD_FILE}")
+        if not self.text_field:
+            raise ConfigError("DataConfig.text_field is empty; name the .jsonl key that holds the text")

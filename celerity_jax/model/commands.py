@@ -1,0 +1,56 @@
+"""`celerity coordcheck`: draw the coordinate-check figure and print the final-step RMS table."""
+
+import argparse
+import os
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.model.config import PARAMETRIZATIONS
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("coordcheck", help="coordinate check of the parametrizations (a few CPU minutes)")
+    p.add_argument("--out", default="coordcheck.png", help="figure path (png, pdf, svg)")
+    p.add_argument("--modes", default="standard,completep", help=f"comma list of {', '.join(PARAMETRIZATIONS)}")
+    p.add_argument("--widths", default="64,128,256,512", help="d_model values, multiples of 16, at depth min(depths)")
+    p.add_argument("--depths", default="2,4,8,16", help="layer counts, at width min(widths)")
+    p.add_argument("--steps", type=int, default=10, help="Adam steps")
+    p.add_argument("--lr", type=float, default=1e-2, help="base learning rate")
+    p.set_defaults(func=_coordcheck)
+
+
+def _ints(text: str, flag: str, multiple_of: int = 1) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 or v % multiple_of for v in values):
+        raise ConfigError(f"{flag}={text!r} must be a comma list of positive multiples of {multiple_of}")
+    return values
+
+
+def _coordcheck(args: argparse.Namespace) -> int:
+    from celerity_jax.model import coordcheck  # imports jax
+
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(PARAMETRIZATIONS):
+        raise ConfigError(f"--modes={args.modes!r}: use a comma list of {', '.join(PARAMETRIZATIONS)}")
+    widths = _ints(args.widths, "--widths", coordcheck.CoordCheckConfig.head_dim)
+    depths = _ints(args.depths, "--depths")
+    if args.steps < 1 or not args.lr > 0:
+        raise ConfigError("--steps must be >= 1 and --lr > 0")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"--out={args.out!r}: directory {out_dir} does not exist; create it first")
+    cc = coordcheck.CoordCheckConfig(widths=widths, depths=depths, fixed_depth=min(depths),
+                                     fixed_width=min(widths), steps=args.steps, base_lr=args.lr)
+    results = coordcheck.run(cc, modes)
+    coordcheck.plot(results, args.out)
+    print(f"step-{args.steps} RMS (spread = max/min over the sweep)")
+    for mode, by_sweep in results.items():
+        for sweep, res in by_sweep.items():
+            for q in coordcheck.QUANTITIES:
+                final = res[q][:, -1]
+                values = " ".join(f"{s}:{v:.3g}" for s, v in zip(res["sizes"], final))
+                print(f"{mode:>10} {sweep:>5} {q:>12}  {values}  spread {coordcheck.spread(final):.2f}")
+    print(f"wrote {args.out}")
+    return 0

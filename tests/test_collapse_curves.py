@@ -1,0 +1,115 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from celerity_jax.collapse import curves, surrogate
+
+N_BINS = 200
+WIDTH = 5
+
+
+def _clean(steps=2000, b=0.1, q=1.0, final=3.0):
+    return surrogate.sample_curve(jax.random.key(0), steps, b, q, final, 0.0)
+
+
+def test_binning_and_smoothing_match_a_direct_computation():
+    frac_T = np.array([0.0, 0.01, 0.012, 0.5, 0.999, 1.0])
+    loss_T = np.array([4.0, 3.0, np.nan, 2.0, 1.5, 1.0])
+    sum_G, count_G = curves.bin_curve(frac_T, loss_T, 10)
+    np.testing.assert_allclose(sum_G, [7.0, 0, 0, 0, 0, 2.0, 0, 0, 0, 2.5])
+    np.testing.assert_allclose(count_G, [2, 0, 0, 0, 0, 1, 0, 0, 0, 2])  # the NaN is skipped
+    mean_G, steps_G = curves.smooth(sum_G, count_G, 3)
+    np.testing.assert_allclose(np.asarray(mean_G)[[0, 1, 4, 5, 6, 9]], [3.5, 3.5, 2.0, 2.0, 2.0, 1.25])
+    assert np.isnan(mean_G[2]) and steps_G[2] == 0
+    assert int(curves.last_bin(count_G)) == 9 and int(curves.last_bin(jnp.zeros(4))) == -1
+
+
+def test_normalization_plain_and_offset():
+    frac_T, loss_T = _clean()
+    l_G = curves.normalized_curve(*curves.bin_curve(frac_T, loss_T, N_BINS), WIDTH)
+    assert float(l_G[-1]) == pytest.approx(1.0)
+    assert float(l_G[N_BINS // 5]) > 1.05  # t̂ = 0.2 sits well above the end
+    assert float(curves.normalize(3.0, 2.0, offset=1.0)) == pytest.approx(2.0)
+
+
+def test_early_align_recovers_the_divisor_and_its_noise():
+    frac_T, clean_T = _clean()
+    sum_G, count_G = curves.bin_curve(frac_T, clean_T, N_BINS)
+    ref_G = curves.normalized_curve(sum_G, count_G, WIDTH)
+    final = 0.8 * float(curves.smooth(sum_G, count_G, WIDTH)[0][-1])  # L_T is the smoothed last bin
+    # the reference of another size: same shape, different final loss
+    exact = curves.early_align(*curves.bin_curve(frac_T, clean_T * 0.8, N_BINS), ref_G, (0.25, 0.5))
+    assert float(exact.final) == pytest.approx(final, rel=1e-5)
+    assert final == pytest.approx(0.8 * float(clean_T[-1]), rel=2e-3)
+
+    noise = 0.03
+    rng = np.random.default_rng(1)
+    noisy_KxT = np.asarray(clean_T) * 0.8 * (1.0 + noise * rng.standard_normal((100, clean_T.shape[0])))
+    align = jax.jit(jax.vmap(lambda l_T: curves.early_align(*curves.bin_curve(frac_T, l_T, N_BINS), ref_G,
+                                                            (0.25, 0.5))))(noisy_KxT)
+    assert np.median(align.noise) == pytest.approx(noise, rel=0.1)
+    # the reported error is the real scatter of the prediction
+    assert np.std(align.log_scale) == pytest.approx(np.mean(align.log_scale_err), rel=0.25)
+    assert np.mean(align.final) == pytest.approx(final, rel=2e-3)
+
+
+def test_prediction_error_falls_as_more_of_the_run_is_seen():
+    frac_T, clean_T = _clean()
+    ref_G = curves.normalized_curve(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH)
+    rng = np.random.default_rng(2)
+    noisy_KxT = np.asarray(clean_T) * (1.0 + 0.05 * rng.standard_normal((100, clean_T.shape[0])))
+
+    @jax.jit
+    def error(seen):
+        keep_T = frac_T <= seen
+        align = jax.vmap(lambda l_T: curves.early_align(
+            *curves.bin_curve(frac_T, jnp.where(keep_T, l_T, jnp.nan), N_BINS), ref_G, (0.1, seen)))(noisy_KxT)
+        return jnp.mean(jnp.abs(align.final / clean_T[-1] - 1.0))
+
+    errors = [float(error(f)) for f in (0.15, 0.3, 0.6, 0.9)]
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    assert errors[0] > 2 * errors[-1]
+
+
+def test_early_align_with_offset_predicts_the_final_loss():
+    frac_T, clean_T = _clean()
+    l0 = 1.5
+    ref_G = curves.normalized_curve(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH, offset=l0)
+    sum_G, count_G = curves.bin_curve(frac_T, l0 + (clean_T - l0) * 0.7, N_BINS)
+    align = curves.early_align(sum_G, count_G, ref_G, (0.25, 0.5), offset=l0)
+    assert float(align.final) == pytest.approx(l0 + (float(clean_T[-1]) - l0) * 0.7, rel=1e-3)
+
+
+def test_residuals_are_zero_on_the_reference_and_see_a_drift():
+    frac_T, clean_T = _clean()
+    sum_G, count_G = curves.bin_curve(frac_T, clean_T, N_BINS)
+    ref_G = curves.normalized_curve(sum_G, count_G, WIDTH)
+    align = curves.early_align(sum_G, count_G, ref_G, (0.25, 0.5))
+    r_G, sigma_G, l_G = curves.residuals(sum_G, count_G, ref_G, align, WIDTH)
+    assert float(jnp.max(jnp.abs(r_G))) < 1e-4
+    drifted_T = clean_T * (1.0 + 0.05 * jnp.maximum(frac_T - 0.6, 0.0))
+    sum_G, count_G = curves.bin_curve(frac_T, drifted_T, N_BINS)
+    r_G, _, _ = curves.residuals(sum_G, count_G, ref_G, curves.early_align(sum_G, count_G, ref_G, (0.25, 0.5)),
+                                 WIDTH)
+    assert float(jnp.max(jnp.abs(r_G[: N_BINS // 2]))) < 1e-4
+    assert float(r_G[-1]) == pytest.approx(0.02 * float(ref_G[-1]), rel=0.1)
+
+
+def test_collapse_quality_and_supercollapse():
+    frac_G = curves.bin_centers(N_BINS)
+    base_G = 1.0 + 0.5 * (1.0 - frac_G)
+    family_KxG = np.stack([base_G, base_G + 0.02, base_G - 0.02])
+    q = curves.collapse_quality(family_KxG, frac_G)
+    assert float(q["mean_abs_dev"]) == pytest.approx(0.04 / 3, rel=1e-5)
+    assert float(q["mean_range"]) == pytest.approx(0.04, rel=1e-5)
+    assert float(q["max_range"]) == pytest.approx(0.04, rel=1e-5)
+
+    seeds_KxRxG = base_G + 0.01 * np.random.default_rng(3).standard_normal((4, 6, N_BINS))
+    tight = curves.supercollapse(seeds_KxRxG, frac_G)
+    assert float(tight["ratio"]) < 1.0 and float(tight["frac_below"]) > 0.8
+    drift_K = np.array([0.0, 0.02, 0.04, 0.06])[:, None, None]
+    loose = curves.supercollapse(seeds_KxRxG + drift_K, frac_G)
+    assert float(loose["ratio"]) > 1.5
+    seeds_KxRxG[0, 3:] = np.nan  # fewer seeds for one size
+    assert np.isfinite(float(curves.supercollapse(seeds_KxRxG, frac_G)["sigma"]))

@@ -1,0 +1,118 @@
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary import Writer
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from celerity_jax.collapse import loading
+from celerity_jax.errors import ConfigError
+
+PLAN = {"n_params": 1.0e5, "tokens": 2.0e6, "steps": 100, "tau": 0.17, "schedule": "d2z", "warmup_steps": 10,
+        "batch_tokens": 20000, "lr_hidden": 0.01}
+
+
+def _write(path: str, text: str) -> str:
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _csv(path: str, steps, losses, header="step,loss") -> str:
+    return _write(path, header + "\n" + "".join(f"{s},{v}\n" for s, v in zip(steps, losses)))
+
+
+def test_csv_with_sidecar(tmp_path):
+    path = _csv(tmp_path / "run.csv", range(1, 51), np.linspace(4, 3, 50))
+    _write(tmp_path / "run.json", json.dumps({"n_params": 2e5, "tpp": 20, "tau": 0.1, "schedule": "d2z",
+                                               "warmup_frac": 0.1, "total_steps": 200}))
+    curve = loading.load_curve(str(path))
+    assert curve.name == "run" and curve.total_steps == 200 and not curve.finished
+    assert curve.controls == loading.Controls(2e5, 20.0, 0.1, "d2z", 0.1)
+    np.testing.assert_allclose(curve.frac_T, np.arange(1, 51) / 200)
+
+
+def test_bare_csv_ends_at_its_last_step_and_total_steps_can_be_given(tmp_path):
+    path = _csv(tmp_path / "c.csv", [0, 10, 20], [3.0, 2.5, 2.0])
+    curve = loading.load_curve(str(path))
+    assert curve.finished and curve.total_steps == 20 and curve.total_from == "last step"
+    assert curve.controls == loading.Controls()
+    partial = loading.load_curve(str(path), total_steps=80)
+    assert not partial.finished and partial.frac_T[-1] == 0.25
+
+
+def test_run_directory_reads_plan_by_key(tmp_path):
+    _write(tmp_path / "plan.json", json.dumps(PLAN))
+    _write(tmp_path / "curve.csv", "step,tokens,frac,loss\n1,20000,0.01,3.0\n2,40000,0.02,2.9\n")
+    curve = loading.load_curve(str(tmp_path))
+    assert curve.controls == loading.Controls(1e5, 20.0, 0.17, "d2z", 0.1)
+    assert curve.total_steps == 100 and curve.source.endswith("curve.csv")
+    np.testing.assert_allclose(curve.frac_T, [0.01, 0.02])
+    plan = dict(PLAN, schedule={"name": "cosine"})
+    assert loading.controls_from_mapping(plan, "p")[0].schedule == "cosine"
+
+
+def test_tensorboard_directory_with_restart_and_frac(tmp_path):
+    run = tmp_path / "run"
+    events = run / "tb"
+    os.makedirs(events)
+    _write(run / "plan.json", json.dumps(PLAN))
+    writer = EventFileWriter(str(events))
+    for step, loss in [(1, 3.0), (2, 2.9), (3, 9.9), (4, 2.7)]:
+        values = [summary_pb2.Summary.Value(tag="train/loss", simple_value=loss),
+                  summary_pb2.Summary.Value(tag="progress/frac", simple_value=step / 100)]
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    time.sleep(0.01)
+    restarted = Writer(str(events))  # tensor-valued scalars, as tensorboard.summary writes them
+    restarted.add_scalar("train/loss", 2.8, 3)
+    restarted.close()
+    curve = loading.load_curve(str(events))
+    np.testing.assert_allclose(curve.step_T, [1, 2, 3, 4])
+    np.testing.assert_allclose(curve.loss_T, [3.0, 2.9, 2.8, 2.7], rtol=1e-6)  # the restart's step 3 wins
+    assert curve.controls.tau == 0.17 and curve.total_steps == 100
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("step,value\n1,3.0\n", r"lacks column\(s\) \['loss'\]"),
+    ("step,loss\n1,3.0\n2,2.9\n2,2.8\n", "step 2 .* follows step 2: a duplicate step"),
+    ("step,loss\n1,3.0\n5,2.9\n4,2.8\n", "step 4 .* follows step 5: decreasing step"),
+    ("step,loss\n1,3.0\n2,nan\n", "loss at step 2 .* is nan"),
+    ("step,loss\n1,3.0\n2,abc\n", "line 3: 'loss' is 'abc', not a number"),
+    ("", "empty file"),
+    ("step,loss\n", "no data rows"),
+    ("step,loss\n1,-1\n", "normalization needs positive losses"),
+])
+def test_bad_csv_is_refused_naming_file_and_problem(tmp_path, text, problem):
+    path = _write(tmp_path / "bad.csv", text)
+    with pytest.raises(ConfigError, match=problem) as e:
+        loading.load_curve(str(path))
+    assert str(path) in str(e.value)
+
+
+def test_total_steps_smaller_than_the_curve_and_bad_paths(tmp_path):
+    path = _csv(tmp_path / "c.csv", [1, 2, 30], [3.0, 2.9, 2.8])
+    with pytest.raises(ConfigError, match=r"c.csv: the total step count 20 is smaller than the curve.* last step is 30"):
+        loading.load_curve(str(path), total_steps=20)
+    _write(tmp_path / "c.json", json.dumps({"total_steps": 10}))
+    with pytest.raises(ConfigError, match="smaller than the curve"):
+        loading.load_curve(str(path))
+    _write(tmp_path / "c.json", json.dumps({"tau": "fast"}))
+    with pytest.raises(ConfigError, match=r"c.json: 'tau' = 'fast' is not a non-negative number"):
+        loading.load_curve(str(path))
+    with pytest.raises(ConfigError, match="not a run directory"):
+        loading.load_curve(str(tmp_path / "missing.txt"))
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="no curve.csv and no TensorBoard scalar"):
+        loading.load_curve(str(tmp_path / "empty"))
+
+
+def test_controls_compare_collapse_fields_only():
+    a = loading.Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z")
+    assert a.mismatches(loading.Controls(n_params=1e9, tpp=20.5, tau=0.17, schedule="d2z")) == []
+    assert a.mismatches(loading.Controls(tpp=40.0, tau=0.1, schedule="cosine")) == [
+        "tpp 20 vs 40", "tau 0.17 vs 0.1", "schedule 'd2z' vs 'cosine'"]
+    assert a.unknown(loading.Controls(tau=0.17)) == ["tpp", "schedule"]

@@ -1,0 +1,145 @@
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from celerity_jax.collapse import curves, monitor, reference, surrogate
+from celerity_jax.collapse.loading import Controls
+from celerity_jax.errors import ConfigError
+
+CFG = monitor.MonitorConfig(n_bins=500)
+STEPS, NOISE, LOG_EVERY = 4000, 0.02, 16
+FAULT_AT = 0.6
+
+
+def _clean():
+    return surrogate.sample_curve(jax.random.key(0), STEPS, 0.1, 1.0, 3.0, 0.0)
+
+
+def _reference_G(cfg=CFG):
+    frac_T, clean_T = _clean()
+    return curves.normalized_curve(*curves.bin_curve(frac_T, clean_T, cfg.n_bins), cfg.smooth_bins)
+
+
+def _noisy(seeds: int, first_seed: int = 1) -> np.ndarray:
+    _, clean_T = _clean()
+    rng = np.random.default_rng(first_seed)
+    return np.asarray(clean_T) * 1.1 * (1.0 + NOISE * rng.standard_normal((seeds, STEPS)))
+
+
+@jax.jit
+def _scan_monitor(frac_T, loss_T):
+    """The monitor updated step by step, as inside a jitted train step."""
+    def step(state, x):
+        return monitor.monitor_update(state, *x), None
+    return jax.lax.scan(step, monitor.monitor_init(CFG), (loss_T, frac_T))[0]
+
+
+def test_jitted_monitor_agrees_with_the_offline_functions():
+    frac_T, _ = _clean()
+    loss_T = _noisy(1)[0]
+    loss_T[123] = np.nan  # skipped, as a bad step would be
+    state = _scan_monitor(frac_T, loss_T)
+    sum_G, count_G = curves.bin_curve(frac_T, loss_T, CFG.n_bins)
+    np.testing.assert_allclose(state["loss_sum"], sum_G, rtol=1e-5)
+    np.testing.assert_array_equal(state["count"], count_G)
+    assert float(count_G.sum()) == STEPS - 1
+
+    ref_G = _reference_G()
+    metrics = monitor.monitor_metrics(state, ref_G, CFG)
+    align = curves.early_align(sum_G, count_G, ref_G, CFG.align_window)
+    r_G, sigma_G, l_G = curves.residuals(sum_G, count_G, ref_G, align, CFG.smooth_bins)
+    assert float(metrics["collapse/pred_final_loss"]) == pytest.approx(float(align.final), rel=1e-5)
+    assert float(metrics["collapse/pred_final_loss_err"]) == pytest.approx(float(align.final_err), rel=1e-4)
+    assert float(metrics["collapse/normalized_loss"]) == pytest.approx(float(l_G[-1]), rel=1e-5)
+    assert float(metrics["collapse/residual"]) == pytest.approx(float(r_G[-1]), abs=1e-5)
+    assert float(metrics["collapse/residual_sigma"]) == pytest.approx(float(sigma_G[-1]), rel=1e-4)
+    assert float(metrics["collapse/alert"]) == 0.0
+    assert set(metrics) == set(monitor.METRICS)
+    # the prediction hits the (smoothed) final loss of the clean curve it was drawn from
+    assert float(align.final) == pytest.approx(1.1 * float(
+        curves.smooth(*curves.bin_curve(frac_T, _clean()[1], CFG.n_bins), CFG.smooth_bins)[0][-1]), rel=3e-3)
+
+
+def test_replay_equals_the_monitor_at_each_log():
+    frac_T, _ = _clean()
+    loss_T = _noisy(1)[0]
+    ref_G = _reference_G()
+    logs = monitor.replay_monitor(frac_T, loss_T, ref_G, CFG, LOG_EVERY)
+    assert logs["frac"].shape == (STEPS // LOG_EVERY,)
+    for i in (10, 140, STEPS // LOG_EVERY - 1):
+        end = (i + 1) * LOG_EVERY
+        state = _scan_monitor(frac_T, np.where(np.arange(STEPS) < end, loss_T, np.nan))
+        direct = monitor.monitor_metrics(state, ref_G, CFG)
+        assert float(logs["frac"][i]) == pytest.approx(end / STEPS)
+        for name in monitor.METRICS:
+            np.testing.assert_allclose(logs[name][i], direct[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    # nothing is predicted before the alignment window has min_align_span of data
+    early = np.asarray(logs["frac"]) < CFG.align_window[0] + CFG.min_align_span - 1.0 / CFG.n_bins
+    assert np.all(np.isnan(np.asarray(logs["collapse/pred_final_loss"])[early]))
+    assert np.all(np.isfinite(np.asarray(logs["collapse/pred_final_loss"])[~early]))
+
+
+@jax.jit
+def _alerts(loss_KxT, ref_G):
+    frac_T, _ = _clean()
+    return jax.lax.map(lambda l_T: monitor.replay_monitor(frac_T, l_T, ref_G, CFG, LOG_EVERY)["collapse/alert"],
+                       loss_KxT)
+
+
+def test_alert_fires_on_injected_drift_within_a_bounded_delay_and_never_on_clean_noise():
+    ref_G = _reference_G()
+    frac_G = (np.arange(STEPS // LOG_EVERY) + 1) * LOG_EVERY / STEPS
+    clean_KxT = _noisy(64)
+    assert not np.any(np.asarray(_alerts(clean_KxT, ref_G)))
+
+    frac_T = np.asarray(_clean()[0])
+    fault_T = 1.0 + 0.05 * np.maximum(frac_T - FAULT_AT, 0.0) / (1.0 - FAULT_AT)  # +5% by the end
+    alert_KxL = np.asarray(_alerts(clean_KxT[:32] * fault_T, ref_G)) > 0
+    assert alert_KxL.any(axis=1).all()
+    onset_K = frac_G[alert_KxL.argmax(axis=1)]
+    assert onset_K.min() > FAULT_AT and onset_K.max() < FAULT_AT + 0.2, onset_K
+    # once the drift is well above the noise the alert stays on
+    assert alert_KxL[:, frac_G > 0.9].all()
+
+
+def test_residual_floor_silences_small_drifts():
+    frac_T = np.asarray(_clean()[0])
+    drift_KxT = _noisy(4) * (1.0 + 0.02 * np.maximum(frac_T - FAULT_AT, 0.0) / (1.0 - FAULT_AT))
+    ref_G = _reference_G()
+    assert np.asarray(_alerts(drift_KxT, ref_G)).any(axis=1).all()
+    loose = dataclasses.replace(CFG, residual_floor=0.01)
+    alerts = [monitor.replay_monitor(frac_T, l_T, ref_G, loose, LOG_EVERY)["collapse/alert"] for l_T in drift_KxT]
+    assert not np.any(np.asarray(alerts))
+
+
+def test_monitor_reference_loads_checks_and_combines(tmp_path):
+    controls = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
+    ref = reference.Reference(curves.bin_centers(100), np.linspace(1.5, 1.0, 100), None, controls, 0.0, 3.0, {})
+    path = os.path.join(tmp_path, "ref.json")
+    reference.save_reference(ref, path)
+    ref_G, notes = monitor.monitor_reference([path], CFG, dataclasses.replace(controls, n_params=1e6), "run")
+    assert ref_G.shape == (CFG.n_bins,) and notes == []
+    np.testing.assert_allclose(ref_G, np.interp(curves.bin_centers(CFG.n_bins), ref.frac_G, ref.normalized_G),
+                               rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"tau 0.17 vs 0.05"):
+        monitor.monitor_reference([path], CFG, dataclasses.replace(controls, tau=0.05), "run")
+    with pytest.raises(ConfigError, match="no reference given"):
+        monitor.monitor_reference([], CFG, controls, "run")
+
+
+@pytest.mark.parametrize("field, value", [("n_bins", 1), ("smooth_bins", 4), ("align_window", (0.5, 0.2)),
+                                          ("min_align_span", 0.5), ("alert_m", 0), ("offset", -1.0)])
+def test_config_is_validated(field, value):
+    with pytest.raises(ConfigError, match="MonitorConfig"):
+        monitor.MonitorConfig(**{field: value})
+
+
+def test_state_is_small_and_fixed():
+    state = monitor.monitor_init(CFG)
+    new = jax.jit(monitor.monitor_update)(state, jnp.float32(2.5), jnp.float32(0.5))
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), new) == jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    assert float(new["loss_sum"][CFG.n_bins // 2]) == 2.5 and float(new["count"].sum()) == 1.0

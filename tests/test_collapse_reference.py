@@ -1,0 +1,106 @@
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from celerity_jax.collapse import curves, reference, surrogate
+from celerity_jax.collapse.loading import Controls, Curve
+from celerity_jax.errors import ConfigError
+
+N_BINS, WIDTH, STEPS = 200, 11, 1000
+CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
+
+
+def _curve(seed: int, controls=CONTROLS, b: float = 0.1, final: float = 3.0, steps: int = STEPS) -> Curve:
+    frac_T, loss_T = surrogate.sample_curve(jax.random.key(seed), STEPS, b, 1.0, final, 0.01)
+    step_T = np.arange(1, STEPS + 1, dtype=float)
+    return Curve(f"seed{seed}", f"run{seed}/curve.csv", step_T[:steps], np.asarray(loss_T, float)[:steps],
+                 np.asarray(frac_T, float)[:steps], STEPS, "plan", controls)
+
+
+def test_reference_averages_seeds_and_round_trips(tmp_path):
+    runs = [_curve(0), _curve(1, final=3.3)]
+    ref = reference.reference_from_curves(runs, N_BINS, WIDTH)
+    each_KxG = [np.asarray(curves.normalized_curve(*curves.bin_curve(r.frac_T, r.loss_T, N_BINS), WIDTH))
+                for r in runs]
+    np.testing.assert_allclose(ref.normalized_G, np.mean(each_KxG, axis=0), rtol=1e-6)
+    np.testing.assert_allclose(ref.seed_std_G, np.std(each_KxG, axis=0, ddof=1), rtol=1e-5, atol=1e-7)
+    assert ref.final_loss == pytest.approx(3.15, rel=0.01) and ref.provenance["n_seeds"] == 2
+
+    path = os.path.join(tmp_path, "ref.json")
+    reference.save_reference(ref, path)
+    loaded = reference.load_reference(path)
+    np.testing.assert_allclose(loaded.normalized_G, ref.normalized_G, rtol=1e-6)
+    np.testing.assert_allclose(loaded.frac_G, curves.bin_centers(N_BINS))
+    assert loaded.controls == CONTROLS and loaded.source == path and loaded.provenance["sources"] == [
+        "run0/curve.csv", "run1/curve.csv"]
+
+
+def test_reference_refuses_mixed_controls_partial_runs_and_bad_offsets():
+    other = _curve(1, dataclasses.replace(CONTROLS, tau=0.35))
+    with pytest.raises(ConfigError, match=r"run1/curve.csv: controls differ from run0/curve.csv \(tau 0.35 vs 0.17\)"):
+        reference.reference_from_curves([_curve(0), other], N_BINS, WIDTH)
+    assert reference.reference_from_curves([_curve(0), other], N_BINS, WIDTH, force=True).provenance["n_seeds"] == 2
+    with pytest.raises(ConfigError, match="stops at step 500 of 1000; a reference needs finished runs"):
+        reference.reference_from_curves([_curve(0, steps=500)], N_BINS, WIDTH)
+    with pytest.raises(ConfigError, match="offset L0 = 5.0 is not below the loss"):
+        reference.reference_from_curves([_curve(0)], N_BINS, WIDTH, offset=5.0)
+    with pytest.raises(ConfigError, match="leave gaps"):
+        reference.reference_from_curves([_curve(0)], 20 * STEPS, 3)
+
+
+def test_reference_from_surrogate():
+    constants = surrogate.SurrogateConstants(0.05, -0.3, 2.0, -0.2)
+    ref = reference.reference_from_surrogate(constants, CONTROLS, N_BINS, "s.json")
+    eta_G, eta_end = surrogate.schedule_on_grid(ref.frac_G, "d2z", 0.1)
+    np.testing.assert_allclose(ref.normalized_G, surrogate.surrogate_curve(
+        ref.frac_G, eta_G, eta_end, constants.b(0.17), constants.q(20.0)), rtol=1e-6)
+    assert ref.provenance["kind"] == "surrogate"
+    with pytest.raises(ConfigError, match=r"needs the controls \['tau'\]"):
+        reference.reference_from_surrogate(constants, dataclasses.replace(CONTROLS, tau=None), N_BINS)
+
+
+def _saved(tmp_path, name: str, controls: Controls, b: float = 0.1) -> str:
+    path = os.path.join(tmp_path, name)
+    reference.save_reference(reference.reference_from_curves([_curve(0, controls, b=b)], N_BINS, WIDTH), path)
+    return path
+
+
+def test_check_controls_refuses_mismatches_unless_forced(tmp_path):
+    refs = [reference.load_reference(_saved(tmp_path, "a.json", CONTROLS)),
+            reference.load_reference(_saved(tmp_path, "b.json", dataclasses.replace(CONTROLS, n_params=4e5)))]
+    assert reference.check_controls(refs, dataclasses.replace(CONTROLS, n_params=1e6), "run") == []
+    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*pass --force"):
+        reference.check_controls(refs, dataclasses.replace(CONTROLS, tpp=80.0), "run")
+    notes = reference.check_controls(refs, dataclasses.replace(CONTROLS, schedule="cosine"), "run", force=True)
+    assert any("forced" in n and "schedule" in n for n in notes)
+    assert any("not checked" in n for n in reference.check_controls(refs, Controls(), "run"))
+    with pytest.raises(ConfigError, match="offset L0 0 vs 1"):
+        reference.check_controls(refs, CONTROLS, "run", offset=1.0)
+    odd = reference.load_reference(_saved(tmp_path, "c.json", dataclasses.replace(CONTROLS, tau=0.5)))
+    with pytest.raises(ConfigError, match="between|vs .*a.json"):
+        reference.check_controls([refs[0], odd], Controls(), "run")
+
+
+def test_reference_curve_is_family_aware_across_sizes(tmp_path):
+    small = reference.load_reference(_saved(tmp_path, "s.json", CONTROLS, b=0.1))
+    large = reference.load_reference(_saved(tmp_path, "l.json", dataclasses.replace(CONTROLS, n_params=1e6), b=0.2))
+    frac_G = curves.bin_centers(N_BINS)
+    np.testing.assert_allclose(reference.reference_curve([small, large], frac_G, 1e6), large.normalized_G, rtol=1e-5)
+    mid = np.asarray(reference.reference_curve([small, large], frac_G, np.sqrt(1e5 * 1e6)))
+    np.testing.assert_allclose(mid, np.sqrt(small.normalized_G * large.normalized_G), rtol=1e-5)
+    np.testing.assert_allclose(reference.reference_curve([small], frac_G[::2]), small.normalized_G[::2], rtol=1e-5)
+
+
+def test_load_reference_refuses_other_files(tmp_path):
+    path = os.path.join(tmp_path, "x.json")
+    with open(path, "w") as f:
+        f.write('{"format": "celerity-collapse-reference/1", "frac": [0.1, 0.05], "normalized_loss": [1, 1]}')
+    with pytest.raises(ConfigError, match="x.json: 'frac' must increase"):
+        reference.load_reference(path)
+    with open(path, "w") as f:
+        f.write("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        reference.load_reference(path)

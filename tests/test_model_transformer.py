@@ -1,0 +1,148 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import completep, transformer
+from celerity_jax.model.config import ModelConfig
+from celerity_jax.model.loss import cross_entropy
+
+TINY = ModelConfig(n_layers=2, d_model=32, n_heads=2, head_dim=16, vocab_size=64, max_seq_len=8,
+                   d_base=16, n_layers_base=1)
+
+
+def _cfg(**overrides) -> ModelConfig:
+    return ModelConfig(**{**TINY.__dict__, **overrides})
+
+
+def _tokens(cfg, batch=2, seed=1):
+    return jax.random.randint(jax.random.key(seed), (batch, cfg.max_seq_len), 0, cfg.vocab_size)
+
+
+def test_loss_at_init_is_close_to_log_vocab_with_the_proxy_values():
+    # ModelConfig defaults carry the proxy σ_base 8.67e-2, α_input 9.17, α_output 1.095.
+    cfg = ModelConfig(n_layers=2, d_model=256, n_heads=4, head_dim=64, vocab_size=512, max_seq_len=32,
+                      d_base=64, n_layers_base=2)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    logits, stats = transformer.apply(cfg, params, _tokens(cfg, batch=4), return_stats=True)
+    loss, _ = cross_entropy(logits, _tokens(cfg, batch=4, seed=2))
+    assert abs(float(loss) - math.log(512)) < 0.03 * math.log(512)
+    assert float(stats["embed_rms"]) == pytest.approx(9.17 * 8.67e-2, rel=0.05)
+
+
+def test_forward_is_deterministic_under_jit_and_matches_unjitted():
+    cfg = _cfg()
+    params = transformer.init_params(cfg, jax.random.key(0))
+    tokens = _tokens(cfg)
+    fwd = jax.jit(lambda p, t: transformer.apply(cfg, p, t))
+    a, b = fwd(params, tokens), fwd(params, tokens)
+    assert a.dtype == jnp.float32 and a.shape == (2, 8, 64)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with jax.disable_jit():
+        np.testing.assert_allclose(np.asarray(a), np.asarray(transformer.apply(cfg, params, tokens)), atol=1e-5)
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(transformer.init_params(cfg, jax.random.key(0)))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("positions", ["alibi", "rope", "learned"])
+def test_attention_is_causal(positions):
+    cfg = _cfg(positions=positions)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    tokens = _tokens(cfg)
+    changed = tokens.at[:, 5].set((tokens[:, 5] + 1) % cfg.vocab_size)
+    a, b = transformer.apply(cfg, params, tokens), transformer.apply(cfg, params, changed)
+    np.testing.assert_allclose(np.asarray(a[:, :5]), np.asarray(b[:, :5]), atol=1e-6)
+    assert not np.allclose(np.asarray(a[:, 5:]), np.asarray(b[:, 5:]))
+
+
+@pytest.mark.parametrize("cfg", [_cfg(), _cfg(positions="rope", parametrization="standard")])
+def test_attention_matches_a_plain_reference(cfg):
+    """Scores scaled by forward_multipliers['attention'], ALiBi bias or RoPE, causal softmax."""
+    x_BxLxD = jax.random.normal(jax.random.key(3), (2, cfg.max_seq_len, cfg.d_model))
+    module = transformer.Attention(cfg)
+    p = module.init(jax.random.key(4), x_BxLxD)["params"]
+    heads = lambda name: (x_BxLxD @ p[name]["kernel"]).reshape(2, cfg.max_seq_len, cfg.n_heads, cfg.head_dim)
+    q, k, v = heads("q"), heads("k"), heads("v")
+    pos = np.arange(cfg.max_seq_len)
+    bias = np.zeros((cfg.n_heads, cfg.max_seq_len, cfg.max_seq_len))
+    if cfg.positions == "rope":
+        angle = pos[:, None] * 10000.0 ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+        rot = lambda t: jnp.concatenate([t[..., ::1][..., : cfg.head_dim // 2] * np.cos(angle)[:, None]
+                                         - t[..., cfg.head_dim // 2:] * np.sin(angle)[:, None],
+                                         t[..., : cfg.head_dim // 2] * np.sin(angle)[:, None]
+                                         + t[..., cfg.head_dim // 2:] * np.cos(angle)[:, None]], -1)
+        q, k = rot(q), rot(k)
+    else:
+        slopes = 2.0 ** (-8.0 * np.arange(1, cfg.n_heads + 1) / cfg.n_heads)
+        bias = -slopes[:, None, None] * (pos[:, None] - pos[None, :])
+    scale = 1 / cfg.head_dim if cfg.parametrization != "standard" else 1 / math.sqrt(cfg.head_dim)
+    scores = jnp.einsum("blhk,bmhk->bhlm", q, k) * scale + bias
+    scores = jnp.where(pos[:, None] >= pos[None, :], scores, -jnp.inf)
+    out = jnp.einsum("bhlm,bmhk->blhk", jax.nn.softmax(scores, -1), v).reshape(2, cfg.max_seq_len, -1)
+    np.testing.assert_allclose(np.asarray(module.apply({"params": p}, x_BxLxD)),
+                               np.asarray(out @ p["o"]["kernel"]), atol=1e-4)
+
+
+def test_scanned_layers_and_remat_compute_the_same_function():
+    cfg = _cfg(use_bias=True)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    stacked = {k: v for k, v in params.items() if not k.startswith("block_")}
+    stacked["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs),
+                                     *[params[f"block_{i}"] for i in range(cfg.n_layers)])
+    scanned = _cfg(use_bias=True, scan_layers=True, remat="dots")
+    assert jax.tree.structure(stacked) == jax.tree.structure(
+        jax.eval_shape(lambda: transformer.init_params(scanned, jax.random.key(0))))
+    tokens, targets = _tokens(cfg), _tokens(cfg, seed=2)
+    loss_fn = lambda c: lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]
+    loss_a, grads_a = jax.value_and_grad(loss_fn(cfg))(params)
+    loss_b, grads_b = jax.value_and_grad(loss_fn(scanned))(stacked)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)
+    np.testing.assert_allclose(np.asarray(grads_a["block_1"]["mlp"]["up"]["kernel"]),
+                               np.asarray(grads_b["blocks"]["mlp"]["up"]["kernel"][1]), rtol=1e-4, atol=1e-6)
+    loss_c = loss_fn(_cfg(use_bias=True, remat="full"))(params)
+    assert float(loss_c) == pytest.approx(float(loss_a), rel=1e-6)
+
+
+def test_init_std_follows_the_multipliers():
+    cfg = ModelConfig(n_layers=2, d_model=128, n_heads=2, head_dim=64, vocab_size=512, max_seq_len=8,
+                      d_base=32, n_layers_base=1, use_bias=True, scan_layers=True)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    stds = completep.multipliers(cfg, params).init_std
+    roles = completep.param_roles(params)
+    for x, std, role in zip(jax.tree.leaves(params), jax.tree.leaves(stds),
+                            jax.tree.leaves(roles, is_leaf=lambda r: isinstance(r, completep.Role))):
+        x = np.asarray(x)
+        if std > 0:
+            assert x.std() == pytest.approx(std, rel=0.05) and abs(x.mean()) < 0.1 * std
+        else:
+            assert role in (completep.Role.BLOCK_VECTOR, completep.Role.FINAL_NORM)
+            assert np.all((x == 1.0)) or np.all(x == 0.0)
+    assert stds["blocks"]["attn"]["q"]["kernel"] == pytest.approx(cfg.sigma_base / 2)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+    cfg, cfg16 = _cfg(), _cfg(compute_dtype="bfloat16")
+    params = transformer.init_params(cfg16, jax.random.key(0))
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype("float32")}
+    tokens = _tokens(cfg)
+    logits16 = transformer.apply(cfg16, params, tokens)
+    assert logits16.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(logits16), np.asarray(transformer.apply(cfg, params, tokens)),
+                               atol=0.05 * float(jnp.abs(logits16).max()))
+
+
+def test_tied_embeddings_have_no_unembedding_matrix():
+    cfg = _cfg(tie_embeddings=True)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    assert "unembed" not in params
+    assert "unembed" in transformer.init_params(_cfg(), jax.random.key(0))
+
+
+def test_too_long_input_is_a_config_error():
+    cfg = _cfg()
+    params = transformer.init_params(cfg, jax.random.key(0))
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        transformer.apply(cfg, params, jnp.zeros((1, cfg.max_seq_len + 1), jnp.int32))

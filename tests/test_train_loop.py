@@ -1,0 +1,167 @@
+"""End-to-end trainer tests on the smallest tiny model (a few dozen steps each)."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import pytest
+
+from celerity_jax import gin_config
+from celerity_jax.errors import ConfigError
+from celerity_jax.train import loop, step as step_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
+
+
+def _configs(*params):
+    return loop.RunConfigs(**gin_config.parse_gin(GIN, list(params)))
+
+
+def _losses(workdir):
+    with open(os.path.join(workdir, "curve.csv")) as f:
+        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
+
+
+def _cli(workdir, *params, **popen):
+    cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(workdir)]
+    for g in GIN:
+        cmd += ["--gin_file", g]
+    for p in params:
+        cmd += ["--gin_param", p]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path):
+    workdir = str(tmp_path / "run")
+    summary = loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, operative_config="# op\n", log=lambda _: None)
+    assert summary["final_step"] == 20 and summary["stopped"] == "stop_at_step"
+    names = set(os.listdir(workdir))
+    assert {"config.gin", "plan.json", "run.json", "curve.csv", "checkpoints"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    plan = json.load(open(os.path.join(workdir, "plan.json")))
+    losses = _losses(workdir)
+    assert sorted(losses) == list(range(1, 21))
+    with open(os.path.join(workdir, "curve.csv")) as f:
+        row = list(csv.DictReader(f))[9]
+    assert int(row["tokens"]) == 10 * plan["batch_tokens"]
+    assert float(row["frac"]) == pytest.approx(10 / plan["steps"], abs=1e-6)
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(workdir)
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "train/loss_smooth", "eval/loss", "opt/lr", "opt/weight_decay", "opt/tau",
+                "opt/grad_norm", "opt/param_norm", "opt/update_rms_ratio/hidden", "perf/tokens_per_sec",
+                "perf/step_time", "perf/model_flops_per_sec", "progress/frac"):
+        assert tag in tags, tag
+    assert len(events.Scalars("train/loss")) == 20
+    assert "config/operative_gin" in events.Tags()["tensors"]
+
+
+def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path):
+    workdir = str(tmp_path / "run")
+    loop.train(_configs("TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(ConfigError, match="ModelConfig|model.d_model|different run"):
+        loop.train(_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4",
+                            "TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
+    assert sorted(os.listdir(workdir)) == before
+    loop.train(_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4", "TrainConfig.stop_at_step = 5"),
+               workdir, force_new=True, log=lambda _: None)
+    archived = [n for n in os.listdir(workdir) if n.startswith("archived-")]
+    assert len(archived) == 1
+    assert sorted(os.listdir(os.path.join(workdir, archived[0]))) == before
+    assert json.load(open(os.path.join(workdir, "run.json")))["model"]["d_model"] == 64
+
+
+def _nan_when_first_target_even(monkeypatch):
+    real = step_lib.cross_entropy
+
+    def faulty(logits, targets, z_loss=0.0):
+        total, aux = real(logits, targets, z_loss)
+        bad = targets[0, 0] % 2 == 0
+        aux = dict(aux, cross_entropy=jnp.where(bad, jnp.nan, aux["cross_entropy"]))
+        return jnp.where(bad, jnp.nan, total), aux
+
+    monkeypatch.setattr(step_lib, "cross_entropy", faulty)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    workdir = str(tmp_path / "run")
+    loop.train(_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    ckpt = os.path.join(workdir, "checkpoints")
+    before = sorted(os.listdir(ckpt))
+    _nan_when_first_target_even(monkeypatch)
+    with pytest.raises(loop.TrainingDiverged, match=r"not finite at step 1\d") as err:
+        loop.train(_configs(), workdir, log=lambda _: None)
+    assert "last good checkpoint (step 10) is untouched" in str(err.value)
+    assert sorted(os.listdir(ckpt)) == before
+
+
+def test_bad_steps_can_be_skipped(tmp_path, monkeypatch):
+    _nan_when_first_target_even(monkeypatch)
+    workdir = str(tmp_path / "run")
+    summary = loop.train(_configs("TrainConfig.max_bad_steps = 1000", "TrainConfig.stop_at_step = 20"),
+                         workdir, log=lambda _: None)
+    assert summary["final_step"] == 20
+    losses = _losses(workdir)
+    finite = [v for v in losses.values() if v == v]
+    assert 0 < len(finite) < 20 and max(finite) < 6.0
+
+
+def test_resume_after_sigkill_reproduces_the_uninterrupted_losses(tmp_path):
+    steps = ("TrainConfig.stop_at_step = 40", "TrainConfig.checkpoint_every = 10")
+    full = _cli(tmp_path / "full", *steps)
+    assert full.wait(timeout=300) == 0, full.stdout.read()
+    killed_dir = tmp_path / "killed"
+    killed = _cli(killed_dir, *steps)
+    deadline = time.time() + 300
+    while not (killed_dir / "checkpoints" / "20" / "commit_success.txt").exists():
+        assert killed.poll() is None and time.time() < deadline, killed.stdout.read()
+        time.sleep(0.2)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    resumed = _cli(killed_dir, *steps)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out
+    assert "resumed from the checkpoint at step" in out
+    expected, got = _losses(tmp_path / "full"), _losses(killed_dir)
+    assert sorted(got) == list(range(1, 41))
+    assert all(got[s] == expected[s] for s in range(21, 41)), [(s, got[s], expected[s]) for s in range(21, 41)]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    workdir = tmp_path / "run"
+    proc = _cli(workdir)
+    deadline = time.time() + 300
+    while not (workdir / "curve.csv").exists() or len(_losses(workdir)) < 5:
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    assert "interrupted: saved a checkpoint" in out
+    step = max(_losses(workdir))
+    assert (workdir / "checkpoints" / str(step)).exists()
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path):
+    workdir = str(tmp_path / "run")
+    loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    latest = os.path.join(workdir, "checkpoints", "20", "state")
+    for dirpath, _, files in os.walk(latest):
+        for name in files:
+            with open(os.path.join(dirpath, name), "r+b") as f:
+                f.truncate(0)
+    messages = []
+    summary = loop.train(_configs("TrainConfig.stop_at_step = 15"), workdir, log=messages.append)
+    assert summary["start_step"] == 10 and summary["final_step"] == 15
+    assert any("checkpoint at step 20 is unreadable" in m and "nothing deleted" in m for m in messages)
+    moved = [n for n in os.listdir(workdir) if n.startswith("corrupt-checkpoint-20")]
+    assert len(moved) == 1 and os.path.isdir(os.path.join(workdir, moved[0], "state"))

@@ -11,6 +11,7 @@ import sys
 from celerity_jax.errors import ConfigError
 
 COMMAND_MODULES = (
+    "celerity_jax.model.commands",
     "celerity_jax.recipe_cli",
     "celerity_jax.data.cli",
     "celerity_jax.collapse.commands",

@@ -36,5 +36,6 @@ def run_train(args) -> int:
     except TrainingDiverged as e:
         print(f"celerity train: {e}", file=sys.stderr)
         return 3
-    print(f"{summary['stopped']} at step {summary['final_step']}/{summary['steps']}: {args.workdir}")
+    if jax.process_index() == 0:
+        print(f"{summary['stopped']} at step {summary['final_step']}/{summary['steps']}: {args.workdir}")
     return 0

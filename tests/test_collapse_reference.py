@@ -72,7 +72,7 @@ def test_check_controls_refuses_mismatches_unless_forced(tmp_path):
     refs = [reference.load_reference(_saved(tmp_path, "a.json", CONTROLS)),
             reference.load_reference(_saved(tmp_path, "b.json", dataclasses.replace(CONTROLS, n_params=4e5)))]
     assert reference.check_controls(refs, dataclasses.replace(CONTROLS, n_params=1e6), "run") == []
-    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*pass --force"):
+    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*--force"):
         reference.check_controls(refs, dataclasses.replace(CONTROLS, tpp=80.0), "run")
     notes = reference.check_controls(refs, dataclasses.replace(CONTROLS, schedule="cosine"), "run", force=True)
     assert any("forced" in n and "schedule" in n for n in notes)

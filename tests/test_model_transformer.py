@@ -33,16 +33,13 @@ def test_loss_at_init_is_close_to_log_vocab_with_the_proxy_values():
     assert float(stats["embed_rms"]) == pytest.approx(9.17 * 8.67e-2, rel=0.05)
 
 
-def test_forward_is_deterministic_under_jit_and_matches_unjitted():
+def test_forward_is_deterministic_under_jit():
     cfg = _cfg()
     params = transformer.init_params(cfg, jax.random.key(0))
     tokens = _tokens(cfg)
-    fwd = jax.jit(lambda p, t: transformer.apply(cfg, p, t))
-    a, b = fwd(params, tokens), fwd(params, tokens)
+    a, b = transformer.apply(cfg, params, tokens), jax.jit(lambda p, t: transformer.apply(cfg, p, t))(params, tokens)
     assert a.dtype == jnp.float32 and a.shape == (2, 8, 64)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    with jax.disable_jit():
-        np.testing.assert_allclose(np.asarray(a), np.asarray(transformer.apply(cfg, params, tokens)), atol=1e-5)
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(transformer.init_params(cfg, jax.random.key(0)))):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -83,10 +80,10 @@ def test_attention_matches_a_plain_reference(cfg):
     scores = jnp.where(pos[:, None] >= pos[None, :], scores, -jnp.inf)
     out = jnp.einsum("bhlm,bmhk->blhk", jax.nn.softmax(scores, -1), v).reshape(2, cfg.max_seq_len, -1)
     np.testing.assert_allclose(np.asarray(module.apply({"params": p}, x_BxLxD)),
-                               np.asarray(out @ p["o"]["kernel"]), atol=1e-4)
+                               np.asarray(out @ p["o"]["kernel"]), rtol=1e-4, atol=1e-4)
 
 
-def test_scanned_layers_and_remat_compute_the_same_function():
+def test_scanned_layers_with_remat_compute_the_same_function():
     cfg = _cfg(use_bias=True)
     params = transformer.init_params(cfg, jax.random.key(0))
     stacked = {k: v for k, v in params.items() if not k.startswith("block_")}
@@ -96,14 +93,12 @@ def test_scanned_layers_and_remat_compute_the_same_function():
     assert jax.tree.structure(stacked) == jax.tree.structure(
         jax.eval_shape(lambda: transformer.init_params(scanned, jax.random.key(0))))
     tokens, targets = _tokens(cfg), _tokens(cfg, seed=2)
-    loss_fn = lambda c: lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]
-    loss_a, grads_a = jax.value_and_grad(loss_fn(cfg))(params)
-    loss_b, grads_b = jax.value_and_grad(loss_fn(scanned))(stacked)
+    grad_fn = lambda c: jax.jit(jax.value_and_grad(lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]))
+    loss_a, grads_a = grad_fn(cfg)(params)
+    loss_b, grads_b = grad_fn(scanned)(stacked)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)
     np.testing.assert_allclose(np.asarray(grads_a["block_1"]["mlp"]["up"]["kernel"]),
                                np.asarray(grads_b["blocks"]["mlp"]["up"]["kernel"][1]), rtol=1e-4, atol=1e-6)
-    loss_c = loss_fn(_cfg(use_bias=True, remat="full"))(params)
-    assert float(loss_c) == pytest.approx(float(loss_a), rel=1e-6)
 
 
 def test_init_std_follows_the_multipliers():
@@ -135,10 +130,8 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 
 
 def test_tied_embeddings_have_no_unembedding_matrix():
-    cfg = _cfg(tie_embeddings=True)
-    params = transformer.init_params(cfg, jax.random.key(0))
-    assert "unembed" not in params
-    assert "unembed" in transformer.init_params(_cfg(), jax.random.key(0))
+    shapes = lambda cfg: jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+    assert "unembed" not in shapes(_cfg(tie_embeddings=True)) and "unembed" in shapes(_cfg())
 
 
 def test_too_long_input_is_a_config_error():

@@ -285,7 +285,8 @@ def _plot(path: str, frac_G, normalized_KxG, rows: list[dict], baseline_G, basel
     bottom.set_xlabel("fraction of training t̂")
     bottom.set_ylabel(f"residual vs {baseline} (%)")
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}.png"
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
     os.replace(tmp, path)

@@ -66,12 +66,11 @@ def monitor_init(cfg: MonitorConfig) -> dict[str, jax.Array]:
 
 
 def monitor_update(state: dict[str, jax.Array], loss: jax.Array, frac: jax.Array) -> dict[str, jax.Array]:
-    """Adds one step's loss at t̂ = `frac` (jit-able; a non-finite loss is skipped)."""
-    i = curves.bin_index(frac, state["loss_sum"].shape[0])
-    loss = jnp.asarray(loss, jnp.float32)
-    ok = jnp.isfinite(loss)
-    return {"loss_sum": state["loss_sum"].at[i].add(jnp.where(ok, loss, 0.0)),
-            "count": state["count"].at[i].add(ok.astype(jnp.float32))}
+    """Adds one step's loss at t̂ = `frac`: the binning of curves.bin_curve, one step at a time (jit-able;
+    a non-finite loss is skipped)."""
+    sum_G, count_G = curves.bin_curve(jnp.reshape(frac, (1,)), jnp.reshape(loss, (1,)),
+                                      state["loss_sum"].shape[0])
+    return {"loss_sum": state["loss_sum"] + sum_G, "count": state["count"] + count_G}
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
@@ -130,5 +129,7 @@ def monitor_reference(paths: Sequence[str], cfg: MonitorConfig, controls: Contro
         raise ConfigError("no reference given; build one with `celerity collapse reference`")
     refs = [load_reference(p) for p in paths]
     notes = check_controls(refs, controls, run_name, force, cfg.offset)
+    if controls.n_params is None and len({r.controls.n_params for r in refs}) > 1:
+        notes.append(f"N of {run_name} unknown: its reference is the mean over the references' sizes")
     frac_G = curves.bin_centers(cfg.n_bins)
     return reference_curve(refs, frac_G, controls.n_params), notes

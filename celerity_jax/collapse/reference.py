@@ -136,7 +136,7 @@ def check_controls(refs: list[Reference], run: Controls, run_name: str, force: b
     if problems and not force:
         raise ConfigError(f"references do not match {run_name}: {'; '.join(problems)}. A normalized curve "
                           "depends on TPP, τ and the schedule; use references with the same controls, "
-                          "or pass --force")
+                          "or force it (--force; TrainConfig.force_reference when training)")
     return notes + [f"forced: {p}" for p in problems]
 
 

@@ -124,11 +124,16 @@ def plot(results: dict, out_path: str) -> None:
     import matplotlib.pyplot as plt
 
     modes = list(results)
-    rows = [(sweep, q) for sweep in results[modes[0]] for q in QUANTITIES]
+    sweeps = sorted({sweep for mode in modes for sweep in results[mode]}, reverse=True)  # width first
+    rows = [(sweep, q) for sweep in sweeps for q in QUANTITIES]
     fig, axes = plt.subplots(len(rows), len(modes), figsize=(4 * len(modes), 3 * len(rows)), squeeze=False)
     for col, mode in enumerate(modes):
         for row, (sweep, q) in enumerate(rows):
-            res, ax = results[mode][sweep], axes[row][col]
+            ax = axes[row][col]
+            if sweep not in results[mode]:
+                ax.axis("off")
+                continue
+            res = results[mode][sweep]
             n_steps = res[q].shape[1]
             colors = plt.cm.viridis(np.linspace(0, 1, n_steps))
             for t in range(n_steps):

@@ -94,6 +94,9 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
     model_cfg, train_cfg, monitor_cfg = configs.model, configs.train, configs.monitor
+    is_chief = jax.process_index() == 0  # only process 0 writes files and prints
+    if not is_chief:
+        log = lambda _: None  # noqa: E731
     plan = recipe.make_plan(model_cfg, configs.recipe)
     data_lib.check_seq_len(plan.seq_len, model_cfg.max_seq_len)
     data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), model_cfg.vocab_size)
@@ -108,9 +111,8 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         for note in notes:
             log(note)
 
-    prepare_workdir(workdir, run_identity(configs, plan), force_new, log)
-    is_chief = jax.process_index() == 0
     if is_chief:
+        prepare_workdir(workdir, run_identity(configs, plan), force_new, log)
         _write_atomic(os.path.join(workdir, "run.json"), json.dumps(run_identity(configs, plan), indent=2))
         _write_atomic(os.path.join(workdir, "plan.json"), plan.to_json())
         if operative_config:
@@ -155,7 +157,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     if tb and operative_config and start_step == 0:
         tb.text(0, "config/operative_gin", "    " + operative_config.replace("\n", "\n    "))
         tb.text(0, "config/plan", "    " + plan.to_json().replace("\n", "\n    "))
-    progress = Progress(plan.steps, start_step)
+    progress = Progress(plan.steps, start_step, quiet=not is_chief)
     flops_per_step = plan.flops_per_token * plan.batch_tokens
     peak = peak_flops_per_device(jax.devices()[0].device_kind, train_cfg.peak_flops_per_sec) * jax.device_count()
     if reference_G is None:

@@ -79,7 +79,8 @@ class CurveCSV:
 class Progress:
     """A one-line progress bar with ETA on a terminal; plain log lines otherwise."""
 
-    def __init__(self, total_steps: int, start_step: int, stream=sys.stdout):
+    def __init__(self, total_steps: int, start_step: int, stream=sys.stdout, quiet: bool = False):
+        self.quiet = quiet
         self.total = total_steps
         self.start_step = start_step
         self.start_time = time.time()
@@ -87,6 +88,8 @@ class Progress:
         self.tty = stream.isatty()
 
     def update(self, step: int, values: dict[str, float]) -> None:
+        if self.quiet:
+            return
         done = step - self.start_step
         elapsed = time.time() - self.start_time
         eta = elapsed / done * (self.total - step) if done > 0 else math.nan
@@ -101,13 +104,15 @@ class Progress:
         self.stream.flush()
 
     def message(self, text: str) -> None:
+        if self.quiet:
+            return
         if self.tty:
             self.stream.write("\n")
         self.stream.write(text + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
+        if self.tty and not self.quiet:
             self.stream.write("\n")
             self.stream.flush()
 

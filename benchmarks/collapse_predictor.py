@@ -6,7 +6,7 @@ cut at several fractions of training, aligned over t̂ in [f/2, f], and its pred
 compared with its real (smoothed) final loss: once against the nearest smaller size alone, once against
 the family-aware curve extrapolated to its N. `--synthetic` writes a drifting surrogate family first.
 
-    python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/predictor.json]
+    python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
     python benchmarks/collapse_predictor.py --synthetic
 """
 
@@ -100,8 +100,7 @@ def main() -> int:
     for f, errors in result["mean_abs_error"].items():
         print(f"{f:7.2f} {100 * errors['single']:10.3f}% {100 * errors['family']:8.3f}%")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    loading.save_json(result, args.out)
     print(f"wrote {args.out}")
     return 0
 

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "celerity_jax.data.cli",
     "celerity_jax.collapse.commands",
     "celerity_jax.train_cli",
+    "celerity_jax.demo",
 )
 
 

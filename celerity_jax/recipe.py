@@ -26,6 +26,8 @@ class RecipeConfig:
     # τ = tau_law_coef · TPP^tau_law_exponent, fitted to Celerity's bands (0.175, 0.087, 0.051).
     tau_law_coef: float = 0.78
     tau_law_exponent: float = -0.5
+    # A fixed λ instead of a pinned τ (τ then follows from it): for baselines that do not pin τ.
+    weight_decay: float | None = None
     batch_seqs: int | None = None
     # B_tokens = batch_law_coef · D^batch_law_exponent, D the token budget at batch_law_tpp (Celerity
     # used one batch per size at all bands, fitting 20·sqrt(D_20)); None: the run's own D.
@@ -59,6 +61,10 @@ class RecipeConfig:
             _check(getattr(self, name) > 0, name, getattr(self, name), f"must be > 0 ({example})")
         _check(self.tau is None or self.tau > 0, "tau", self.tau,
                "must be > 0, or None to take it from the law tau_law_coef·TPP^tau_law_exponent")
+        _check(self.weight_decay is None or self.weight_decay > 0, "weight_decay", self.weight_decay,
+               "must be > 0, or None to derive it from tau")
+        _check(self.weight_decay is None or self.tau is None, "weight_decay", self.weight_decay,
+               "cannot be fixed together with RecipeConfig.tau; set one of them to None")
         _check(self.batch_seqs is None or self.batch_seqs > 0, "batch_seqs", self.batch_seqs,
                "must be a positive number of sequences, or None for the batch law")
         _check(self.batch_law_tpp is None or self.batch_law_tpp > 0, "batch_law_tpp",
@@ -170,11 +176,15 @@ def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
             f"not fit {steps} training steps: {e} (RecipeConfig.warmup_frac / warmup_tokens, "
             "or a higher tpp)") from None
 
-    tau = r.tau if r.tau is not None else tau_law(r.tpp, r.tau_law_coef, r.tau_law_exponent)
     rules = completep.role_rules(model_cfg)
     lr_peak = {role.value: r.base_lr * lr_mult for role, (_, lr_mult, _, _) in rules.items()}
     lr_hidden = lr_peak[completep.Role.HIDDEN.value]
-    weight_decay = weight_decay_for_tau(batch_tokens, lr_hidden, tau, tokens)
+    if r.weight_decay is not None:
+        weight_decay = r.weight_decay
+        tau = tau_from(batch_tokens, lr_hidden, weight_decay, tokens)
+    else:
+        tau = r.tau if r.tau is not None else tau_law(r.tpp, r.tau_law_coef, r.tau_law_exponent)
+        weight_decay = weight_decay_for_tau(batch_tokens, lr_hidden, tau, tokens)
     for role, (_, _, _, decays) in rules.items():
         if decays and lr_peak[role.value] * weight_decay >= 1:
             raise ConfigError(

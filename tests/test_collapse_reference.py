@@ -43,7 +43,7 @@ def test_reference_refuses_mixed_controls_partial_runs_and_bad_offsets():
     with pytest.raises(ConfigError, match=r"run1/curve.csv: controls differ from run0/curve.csv \(tau 0.35 vs 0.17\)"):
         reference.reference_from_curves([_curve(0), other], N_BINS, WIDTH)
     assert reference.reference_from_curves([_curve(0), other], N_BINS, WIDTH, force=True).provenance["n_seeds"] == 2
-    with pytest.raises(ConfigError, match="stops at step 500 of 1000; a reference needs finished runs"):
+    with pytest.raises(ConfigError, match="stops at step 500 of 1000; this needs finished runs"):
         reference.reference_from_curves([_curve(0, steps=500)], N_BINS, WIDTH)
     with pytest.raises(ConfigError, match="offset L0 = 5.0 is not below the loss"):
         reference.reference_from_curves([_curve(0)], N_BINS, WIDTH, offset=5.0)

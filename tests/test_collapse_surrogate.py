@@ -71,7 +71,7 @@ def test_one_tau_holds_its_exponent_at_zero_and_files_round_trip(tmp_path):
     assert surrogate.load_surrogate(path) == fit.constants
     with open(path, "w") as f:
         f.write('{"format": "something else"}')
-    with pytest.raises(ConfigError, match="not a surrogate file"):
+    with pytest.raises(ConfigError, match="format .something else., expected"):
         surrogate.load_surrogate(path)
 
 

@@ -21,8 +21,8 @@ def _shapes(cfg):
 def _by_role(cfg, tree):
     """{role name: value} over the leaves of `tree` (a multipliers field); one value per role."""
     out = {}
-    for role, value in zip(jax.tree.leaves(completep.param_roles(_shapes(cfg)), is_leaf=lambda r: isinstance(r, Role)),
-                           jax.tree.leaves(tree)):
+    roles = jax.tree.leaves(completep.param_roles(_shapes(cfg)), is_leaf=lambda r: isinstance(r, Role))
+    for role, value in zip(roles, jax.tree.leaves(tree)):
         out.setdefault(role.value, set()).add(value)
     assert all(len(values) == 1 for values in out.values())
     return {role: values.pop() for role, values in out.items()}

@@ -18,5 +18,5 @@ def test_coordcheck_command_draws_the_figure_and_prints_the_table(tmp_path, caps
 def test_coordcheck_bad_arguments_exit_2_before_any_work(flag, value, tmp_path, capsys):
     argv = ["coordcheck", "--out", str(tmp_path / "cc.png"), flag, value]
     assert cli.main(argv) == 2
-    assert flag in capsys.readouterr().err or "does not exist" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
     assert not (tmp_path / "cc.png").exists()

@@ -25,6 +25,8 @@ def test_defaults_are_celerity_300m():
     (dict(remat="some"), ["remat", "dots"]),
     (dict(depth_alpha=0.4), ["depth_alpha", "[0.5, 1]"]),
     (dict(depth_alpha=1.1), ["depth_alpha", "[0.5, 1]"]),
+    (dict(depth_alpha="1"), ["depth_alpha", "[0.5, 1]"]),
+    (dict(mlp_ratio=1e-4), ["mlp_ratio", "MLP width of 0"]),
     (dict(n_layers=0), ["n_layers", "positive"]),
     (dict(sigma_base=-1.0), ["sigma_base", "positive"]),
     (dict(use_bias="yes"), ["use_bias", "True or False"]),

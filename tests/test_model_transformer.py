@@ -30,6 +30,11 @@ def test_loss_at_init_is_close_to_log_vocab_with_the_proxy_values():
     logits, stats = transformer.apply(cfg, params, _tokens(cfg, batch=4), return_stats=True)
     loss, _ = cross_entropy(logits, _tokens(cfg, batch=4, seed=2))
     assert abs(float(loss) - math.log(512)) < 0.03 * math.log(512)
+    # Why it is close: the final norm makes the residual RMS 1, so the logits RMS is
+    # α_output/m_d · σ_base · sqrt(d_model) = 1.095 · 8.67e-2 · sqrt(64 / 4) and the loss is ln V + RMS²/2.
+    rms = 1.095 * 8.67e-2 * math.sqrt(64 / 4)
+    assert float(stats["logits_rms"]) == pytest.approx(rms, rel=0.05)
+    assert float(loss) == pytest.approx(math.log(512) + rms**2 / 2, abs=0.05)
     assert float(stats["embed_rms"]) == pytest.approx(9.17 * 8.67e-2, rel=0.05)
 
 
@@ -37,7 +42,8 @@ def test_forward_is_deterministic_under_jit():
     cfg = _cfg()
     params = transformer.init_params(cfg, jax.random.key(0))
     tokens = _tokens(cfg)
-    a, b = transformer.apply(cfg, params, tokens), jax.jit(lambda p, t: transformer.apply(cfg, p, t))(params, tokens)
+    a = transformer.apply(cfg, params, tokens)
+    b = jax.jit(lambda p, t: transformer.apply(cfg, p, t))(params, tokens)
     assert a.dtype == jnp.float32 and a.shape == (2, 8, 64)
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(transformer.init_params(cfg, jax.random.key(0)))):
@@ -66,11 +72,10 @@ def test_attention_matches_a_plain_reference(cfg):
     pos = np.arange(cfg.max_seq_len)
     bias = np.zeros((cfg.n_heads, cfg.max_seq_len, cfg.max_seq_len))
     if cfg.positions == "rope":
-        angle = pos[:, None] * 10000.0 ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
-        rot = lambda t: jnp.concatenate([t[..., ::1][..., : cfg.head_dim // 2] * np.cos(angle)[:, None]
-                                         - t[..., cfg.head_dim // 2:] * np.sin(angle)[:, None],
-                                         t[..., : cfg.head_dim // 2] * np.sin(angle)[:, None]
-                                         + t[..., cfg.head_dim // 2:] * np.cos(angle)[:, None]], -1)
+        angle_Lx1xK2 = (pos[:, None] * 10000.0 ** (-np.arange(0, cfg.head_dim, 2) / cfg.head_dim))[:, None]
+        cos, sin, half = np.cos(angle_Lx1xK2), np.sin(angle_Lx1xK2), cfg.head_dim // 2
+        rot = lambda t: jnp.concatenate([t[..., :half] * cos - t[..., half:] * sin,
+                                         t[..., :half] * sin + t[..., half:] * cos], -1)
         q, k = rot(q), rot(k)
     else:
         slopes = 2.0 ** (-8.0 * np.arange(1, cfg.n_heads + 1) / cfg.n_heads)
@@ -93,7 +98,8 @@ def test_scanned_layers_with_remat_compute_the_same_function():
     assert jax.tree.structure(stacked) == jax.tree.structure(
         jax.eval_shape(lambda: transformer.init_params(scanned, jax.random.key(0))))
     tokens, targets = _tokens(cfg), _tokens(cfg, seed=2)
-    grad_fn = lambda c: jax.jit(jax.value_and_grad(lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]))
+    loss_fn = lambda c: lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]
+    grad_fn = lambda c: jax.jit(jax.value_and_grad(loss_fn(c)))
     loss_a, grads_a = grad_fn(cfg)(params)
     loss_b, grads_b = grad_fn(scanned)(stacked)
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-5)

@@ -99,6 +99,14 @@ def test_plan_pins_tau_and_derives_weight_decay():
     assert double.weight_decay == pytest.approx(2 * plan.weight_decay, rel=0.001)
 
 
+def test_fixed_weight_decay_lets_tau_follow():
+    plan = recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, weight_decay=0.1))
+    assert plan.weight_decay == 0.1
+    assert plan.tau == pytest.approx(recipe.tau_from(plan.batch_tokens, plan.lr_hidden, 0.1, plan.tokens))
+    with pytest.raises(ConfigError, match="RecipeConfig.weight_decay .* together with RecipeConfig.tau"):
+        RecipeConfig(weight_decay=0.1, tau=0.2)
+
+
 def test_warmup_rule():
     celerity = recipe.make_plan(presets.preset("celerity-300m"), RecipeConfig())
     assert celerity.warmup_steps == round(375e6 / celerity.batch_tokens)  # 10% would be 541M tokens
@@ -129,7 +137,7 @@ def test_plan_to_json_round_trip():
 @pytest.mark.parametrize("field, value", [
     ("tau", 0.0), ("tau", -0.1), ("tpp", 0.0), ("base_lr", -1.0), ("batch_seqs", 0),
     ("seq_len", 0), ("warmup_frac", 1.0), ("schedule", "linear"), ("batch_seqs", 8.0),
-    ("adam_b2", 1.0), ("bands", ()),
+    ("adam_b2", 1.0), ("bands", ()), ("weight_decay", 0.0),
 ])
 def test_bad_recipe_fields_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"RecipeConfig.{field}"):

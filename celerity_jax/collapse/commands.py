@@ -4,7 +4,6 @@ A CURVE is a run directory, a TensorBoard event directory or a CSV (see loading.
 Every input is read and checked before anything is written; outputs are written atomically.
 """
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -118,7 +117,6 @@ def cmd_reference(args) -> int:
 
 def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
     """Early-align of `run` against the references (family-aware when they span sizes)."""
-    import numpy as np
     from celerity_jax.collapse import curves, monitor
 
     reference_G, notes = monitor.monitor_reference(paths, cfg, run.controls, run.source, force)
@@ -132,8 +130,7 @@ def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
     return {"pred_final_loss": metrics["collapse/pred_final_loss"],
             "pred_final_loss_err": metrics["collapse/pred_final_loss_err"],
             "normalized_loss": metrics["collapse/normalized_loss"], "residual": metrics["collapse/residual"],
-            "alert": bool(metrics["collapse/alert"]), "notes": notes,
-            "reference_G": np.asarray(reference_G)}
+            "alert": bool(metrics["collapse/alert"]), "notes": notes}
 
 
 def cmd_predict(args) -> int:
@@ -149,8 +146,8 @@ def cmd_predict(args) -> int:
         run = dataclasses.replace(run, controls=dataclasses.replace(run.controls, n_params=args.n_params))
     paths = [p for p in args.reference.split(",") if p]
     result = _prediction(run, paths, cfg, args.force)
-    sizes = {reference.load_reference(p).controls.n_params for p in paths}
-    family = run.controls.n_params is not None and None not in sizes and len(sizes) > 1
+    sizes = {p: reference.load_reference(p).controls.n_params for p in paths}
+    family = run.controls.n_params is not None and None not in sizes.values() and len(set(sizes.values())) > 1
     out = {"curve": run.source, "step": int(run.step_T[-1]), "total_steps": run.total_steps,
            "observed_frac": float(run.frac_T[-1]), "window": [window[0], min(window[1], float(run.frac_T[-1]))],
            "method": "family-aware" if family else "single reference",
@@ -161,8 +158,7 @@ def cmd_predict(args) -> int:
            "normalized_loss_now": result["normalized_loss"], "residual_now": result["residual"],
            "alert_now": result["alert"], "notes": result["notes"]}
     if family:
-        nearest = min(paths, key=lambda p: abs(math.log(reference.load_reference(p).controls.n_params
-                                                        / run.controls.n_params)))
+        nearest = min(paths, key=lambda p: abs(math.log(sizes[p] / run.controls.n_params)))
         single = _prediction(run, [nearest], cfg, args.force)
         out["single_reference"] = {"reference": nearest, "pred_final_loss": single["pred_final_loss"],
                                    "pred_final_loss_err": single["pred_final_loss_err"]}
@@ -186,115 +182,40 @@ def cmd_predict(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    import jax.numpy as jnp
-    import numpy as np
-    from celerity_jax.collapse import curves, loading, monitor
+    from celerity_jax.collapse import compare, loading
 
-    cfg = _config(args, _window(args.window))
+    window = _window(args.window)
+    cfg = _config(args, window)
     _check_out(args.out, args.curves)
     runs = [loading.load_curve(c) for c in args.curves]
-    frac_G = curves.bin_centers(cfg.n_bins)
-    normalized, finals, notes = [], [], []
-    for run in runs:
-        sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins)
-        if not run.finished:
-            raise ConfigError(f"{run.source}: partial curve (step {int(run.step_T[-1])} of {run.total_steps}); "
-                              "compare needs finished curves; use `collapse predict` for partial ones")
-        mean_G, _ = curves.smooth(sum_G, count_G, cfg.smooth_bins)
-        if not bool(jnp.all(jnp.isfinite(mean_G))):
-            raise ConfigError(f"{run.source}: too few points for {cfg.n_bins} bins smoothed over "
-                              f"{cfg.smooth_bins}; use fewer --bins or more --smooth-bins")
-        normalized.append(np.asarray(curves.normalize(mean_G, mean_G[-1], cfg.offset)))
-        finals.append(float(mean_G[-1]))
-    normalized_KxG = np.stack(normalized)
-    rows = [{"curve": r.source, "n_params": r.controls.n_params, "tpp": r.controls.tpp, "tau": r.controls.tau,
-             "schedule": r.controls.schedule, "final_loss": f} for r, f in zip(runs, finals)]
-    keep_G = frac_G >= 0.2
-    if args.reference:
-        paths = [p for p in args.reference.split(",") if p]
-        for run, row, l_G in zip(runs, rows, normalized_KxG):
-            ref_G, run_notes = monitor.monitor_reference(paths, cfg, run.controls, run.source, args.force)
-            notes += run_notes
-            logs = monitor.replay_monitor(jnp.asarray(run.frac_T, jnp.float32), jnp.asarray(run.loss_T),
-                                          ref_G, cfg, max(1, run.total_steps // cfg.n_bins))
-            alert_L = np.asarray(logs["collapse/alert"]) > 0
-            row["alert_onset_frac"] = float(np.asarray(logs["frac"])[alert_L.argmax()]) if alert_L.any() else None
-            row["residual_G"] = l_G - np.asarray(ref_G)
-        baseline_G, baseline = np.asarray(ref_G), "reference"
-    else:
-        baseline_G, baseline = normalized_KxG.mean(axis=0), "family mean"
-        for row, l_G in zip(rows, normalized_KxG):
-            row["residual_G"] = l_G - baseline_G
-    for row in rows:
-        row["mae"] = float(np.abs(row["residual_G"][keep_G]).mean())
-        row["max_abs_residual"] = float(np.abs(row["residual_G"][keep_G]).max())
-    quality = {k: float(v) for k, v in curves.collapse_quality(jnp.asarray(normalized_KxG), frac_G).items()}
-    groups = {}
-    for r, l_G in zip(runs, normalized_KxG):
-        groups.setdefault(r.controls.n_params or r.name, []).append(l_G)
-    if len(groups) > 1 and max(len(g) for g in groups.values()) > 1:
-        seeds = max(len(g) for g in groups.values())
-        curves_KxRxG = np.full((len(groups), seeds, cfg.n_bins), np.nan)
-        for k, g in enumerate(groups.values()):
-            curves_KxRxG[k, :len(g)] = g
-        quality["supercollapse"] = {k: float(v) for k, v in curves.supercollapse(
-            jnp.asarray(curves_KxRxG), frac_G).items()}
-    _plot(args.out, frac_G, normalized_KxG, rows, baseline_G, baseline)
-    table = {"rows": [{k: v for k, v in row.items() if k != "residual_G"} for row in rows],
-             "residuals_against": baseline, "quality": quality, "fit_range": [0.2, 1.0], "figure": args.out,
-             "notes": notes}
+    fam = compare.compare_family(runs, cfg.n_bins, cfg.smooth_bins, cfg.offset,
+                                 [p for p in (args.reference or "").split(",") if p], window, args.force)
+    compare.plot_families({"": fam}, args.out)
+    table = {"rows": fam.rows, "residuals_against": fam.baseline, "quality": fam.quality,
+             "quality_range": list(compare.QUALITY_RANGE), "figure": args.out, "notes": fam.notes}
     if args.json:
         print(json.dumps(table, indent=1))
         return 0
     print(f"{'curve':40s} {'N':>9s} {'final':>8s} {'MAE':>8s} {'max|r|':>8s} {'alert at':>8s}")
-    for row in table["rows"]:
+    for row in fam.rows:
         onset = row.get("alert_onset_frac")
-        print(f"{row['curve'][-40:]:40s} {row['n_params'] or float('nan'):9.3g} {row['final_loss']:8.4f} "
+        print(f"{row['curve'][-40:]:40s} {row.get('n_params', math.nan):9.3g} {row['final_loss']:8.4f} "
               f"{row['mae']:8.4f} {row['max_abs_residual']:8.4f} {'-' if onset is None else f'{onset:.3f}':>8s}")
-    print(f"residuals against the {baseline}, over t̂ in [0.2, 1]")
-    print("collapse quality: " + ", ".join(f"{k} {v:.4f}" for k, v in quality.items() if k != "supercollapse"))
-    if "supercollapse" in quality:
-        s = quality["supercollapse"]
+    print(f"residuals against the {fam.baseline}, over t̂ in [0.2, 1]")
+    print("collapse quality: " + ", ".join(f"{k} {v:.4f}" for k, v in fam.quality.items() if k != "supercollapse"))
+    if "supercollapse" in fam.quality:
+        s = fam.quality["supercollapse"]
         print(f"supercollapse (Qiu et al.): spread across sizes Δ {s['delta']:.4f} vs seed noise σ "
               f"{s['sigma']:.4f} (Δ/σ {s['ratio']:.2f}; Δ < σ on {100 * s['frac_below']:.0f}% of t̂)")
-    for note in notes:
+    for note in fam.notes:
         print(f"note: {note}")
     print(f"wrote {args.out}")
     return 0
 
 
-def _plot(path: str, frac_G, normalized_KxG, rows: list[dict], baseline_G, baseline: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(2, 1))
-    for row, l_G in zip(rows, normalized_KxG):
-        label = os.path.basename(os.path.dirname(row["curve"])) if row["curve"].endswith("curve.csv") \
-            else os.path.basename(row["curve"])
-        line, = top.plot(frac_G, l_G, lw=1.2, label=label)
-        bottom.plot(frac_G, 100 * row["residual_G"], lw=1.0, color=line.get_color())
-    if baseline == "reference":
-        top.plot(frac_G, baseline_G, "k--", lw=1.2, label="reference")
-    keep_G = frac_G >= 0.1
-    top.set_ylim(0.98 * normalized_KxG[:, keep_G].min(), 1.02 * normalized_KxG[:, keep_G].max())
-    top.set_ylabel("normalized loss L(t̂)/L(T)")
-    top.legend(fontsize=8)
-    bottom.axhline(0.0, color="k", lw=0.8)
-    bottom.set_xlim(0.1, 1.0)
-    bottom.set_xlabel("fraction of training t̂")
-    bottom.set_ylabel(f"residual vs {baseline} (%)")
-    fig.tight_layout()
-    root, ext = os.path.splitext(path)
-    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
 def cmd_fit(args) -> int:
     import numpy as np
-    from celerity_jax.collapse import curves, loading, surrogate
+    from celerity_jax.collapse import curves, loading, reference, surrogate
 
     cfg = _config(args)
     _check_out(args.out, args.curves)
@@ -304,16 +225,11 @@ def cmd_fit(args) -> int:
     for run in runs:
         c = run.controls
         missing = [n for n in ("tau", "tpp", "schedule") if getattr(c, n) is None]
-        if missing or not run.finished:
-            raise ConfigError(f"{run.source}: the fit needs finished curves with known tau, tpp and schedule "
-                              f"({'missing ' + ', '.join(missing) if missing else 'the curve is partial'}); "
-                              "add them to the sidecar JSON or use a run directory")
-        l_G = curves.normalized_curve(*curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins), cfg.smooth_bins)
-        if not bool(np.all(np.isfinite(l_G))):
-            raise ConfigError(f"{run.source}: too few points for {cfg.n_bins} bins smoothed over "
-                              f"{cfg.smooth_bins}; use fewer --bins or more --smooth-bins")
+        if missing:
+            raise ConfigError(f"{run.source}: the fit needs the controls {missing}; add them to the sidecar "
+                              "JSON or use a run directory")
+        curves_C.append(reference.normalize_run(run, cfg.n_bins, cfg.smooth_bins)[0])
         eta_G, eta_end = surrogate.schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0)
-        curves_C.append(np.asarray(l_G))
         eta_C.append(np.asarray(eta_G))
         eta_end_C.append(float(eta_end))
         info.append({"curve": run.source, **c.to_dict()})

@@ -88,8 +88,8 @@ def controls_from_mapping(meta: Mapping, source: str) -> tuple[Controls, int | N
     return controls, None if steps is None else int(steps)
 
 
-def read_json(path: str) -> dict:
-    """A JSON object from `path`, or ConfigError naming the file."""
+def read_json(path: str, file_format: str | None = None, made_by: str = "") -> dict:
+    """A JSON object from `path` (with "format" = `file_format` if given), or ConfigError naming the file."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -97,6 +97,9 @@ def read_json(path: str) -> dict:
         raise ConfigError(f"{path}: cannot read JSON ({e}); fix or remove the file") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if file_format and data.get("format") != file_format:
+        raise ConfigError(f"{path}: format {data.get('format')!r}, expected {file_format!r}; make the file "
+                          f"with `{made_by}`")
     return data
 
 

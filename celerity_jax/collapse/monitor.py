@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from celerity_jax.collapse import curves
 from celerity_jax.collapse.loading import Controls
@@ -43,6 +42,9 @@ class MonitorConfig:
     stop_on_alert: bool = False         # read by the trainer: stop (with a checkpoint) on an alert
 
     def __post_init__(self):
+        object.__setattr__(self, "align_window", tuple(self.align_window))  # hashable when gin gives a list
+        if len(self.align_window) != 2:
+            raise ConfigError(f"MonitorConfig.align_window = {self.align_window}: give (lo, hi)")
         lo, hi = self.align_window
         checks = [
             (self.n_bins >= 2, "n_bins must be >= 2"),

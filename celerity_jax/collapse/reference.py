@@ -34,16 +34,25 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def normalize_run(run: Curve, n_bins: int, smooth_bins: int, offset: float = 0.0) -> tuple[np.ndarray, float]:
+    """(normalized curve on the grid, final smoothed loss) of a finished run, or ConfigError."""
+    if not run.finished:
+        raise ConfigError(f"{run.source}: the curve stops at step {int(run.step_T[-1])} of {run.total_steps}; "
+                          "this needs finished runs (`collapse predict` takes partial ones)")
+    if offset >= run.loss_T.min():
+        raise ConfigError(f"{run.source}: offset L0 = {offset} is not below the loss "
+                          f"(min {run.loss_T.min():.4g}); lower --offset")
+    mean_G, _ = curves.smooth(*curves.bin_curve(run.frac_T, run.loss_T, n_bins), smooth_bins)
+    if not bool(jnp.all(jnp.isfinite(mean_G))):
+        raise ConfigError(f"{run.source}: {len(run.step_T)} points leave gaps on a {n_bins}-bin grid "
+                          f"smoothed over {smooth_bins} bins; use fewer --bins or more --smooth-bins")
+    return np.asarray(curves.normalize(mean_G, mean_G[-1], offset)), float(mean_G[-1])
+
+
 def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offset: float = 0.0,
                           force: bool = False) -> Reference:
     """Seed-averaged normalized curve of finished runs of one size with the same controls."""
     for run in runs:
-        if not run.finished:
-            raise ConfigError(f"{run.source}: the curve stops at step {int(run.step_T[-1])} of "
-                              f"{run.total_steps}; a reference needs finished runs")
-        if offset >= run.loss_T.min():
-            raise ConfigError(f"{run.source}: offset L0 = {offset} is not below the loss "
-                              f"(min {run.loss_T.min():.4g}); lower --offset")
         differ = run.controls.mismatches(runs[0].controls)
         n0, n1 = runs[0].controls.n_params, run.controls.n_params
         if n0 and n1 and n0 != n1:
@@ -51,16 +60,8 @@ def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offs
         if differ and not force:
             raise ConfigError(f"{run.source}: controls differ from {runs[0].source} ({', '.join(differ)}); "
                               "a reference averages seeds of one size and recipe. Pass --force to mix them")
-    normalized_KxG, finals = [], []
-    for run in runs:
-        sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
-        mean_G, _ = curves.smooth(sum_G, count_G, smooth_bins)
-        if not bool(jnp.all(jnp.isfinite(mean_G))):
-            raise ConfigError(f"{run.source}: {len(run.step_T)} points leave gaps on a {n_bins}-bin grid "
-                              f"smoothed over {smooth_bins} bins; use fewer --bins or more --smooth-bins")
-        normalized_KxG.append(np.asarray(curves.normalize(mean_G, mean_G[-1], offset)))
-        finals.append(float(mean_G[-1]))
-    normalized_KxG = np.stack(normalized_KxG)
+    normalized, finals = zip(*(normalize_run(run, n_bins, smooth_bins, offset) for run in runs))
+    normalized_KxG = np.stack(normalized)
     provenance = {"kind": "curves", "sources": [r.source for r in runs], "n_seeds": len(runs),
                   "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
     return Reference(curves.bin_centers(n_bins), normalized_KxG.mean(axis=0),
@@ -97,10 +98,7 @@ def save_reference(ref: Reference, path: str) -> None:
 
 
 def load_reference(path: str) -> Reference:
-    data = read_json(path)
-    if data.get("format") != FORMAT:
-        raise ConfigError(f"{path}: not a collapse reference (format {data.get('format')!r}, "
-                          f"expected {FORMAT!r}); make one with `celerity collapse reference`")
+    data = read_json(path, FORMAT, "celerity collapse reference")
     try:
         frac_G = np.asarray(data["frac"], float)
         normalized_G = np.asarray(data["normalized_loss"], float)

@@ -131,10 +131,7 @@ def save_surrogate(fit: SurrogateFit, curve_info: list[dict], fit_range: tuple[f
 
 
 def load_surrogate(path: str) -> SurrogateConstants:
-    data = read_json(path)
-    if data.get("format") != FORMAT:
-        raise ConfigError(f"{path}: not a surrogate file (format {data.get('format')!r}, expected "
-                          f"{FORMAT!r}); make one with `celerity collapse fit`")
+    data = read_json(path, FORMAT, "celerity collapse fit")
     try:
         return SurrogateConstants(**{k: float(data["constants"][k]) for k in ("b_c", "b_e", "q_c", "q_e")})
     except (KeyError, TypeError, ValueError) as e:

@@ -82,8 +82,11 @@ class ModelConfig:
         if self.n_heads * self.head_dim != self.d_model:
             _fail("head_dim", self.head_dim, f"does not match d_model/n_heads = {self.d_model // self.n_heads}; "
                   "set head_dim = d_model // n_heads")
-        if not 0.5 <= self.depth_alpha <= 1.0:
+        if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or not (
+                0.5 <= self.depth_alpha <= 1.0):
             _fail("depth_alpha", self.depth_alpha, "must lie in [0.5, 1] (1 is CompleteP)")
+        if self.d_ff < 1:
+            _fail("mlp_ratio", self.mlp_ratio, f"gives an MLP width of {self.d_ff}; raise it")
         if self.positions == "rope" and self.head_dim % 2:
             _fail("head_dim", self.head_dim, "must be even for RoPE; use an even head_dim")
         if self.attention_impl == "cudnn" and self.compute_dtype != "bfloat16":

@@ -55,6 +55,14 @@ def train_and_record(cfg: ModelConfig, tokens_BxL1: np.ndarray, cc: CoordCheckCo
     inputs, targets = jnp.asarray(tokens_BxL1[:, :-1]), jnp.asarray(tokens_BxL1[:, 1:])
     b1, b2 = 0.9, 0.95
 
+    def init(rng):
+        params = transformer.init_params(cfg, rng)
+        return params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
+
+    rng = jax.random.key(cc.seed)
+    params, m, v = _compiled(init, rng)(rng)
+    mult = completep.multipliers(cfg, params)
+
     def loss_fn(params):
         logits_BxLxV, stats = transformer.apply(cfg, params, inputs, return_stats=True)
         value, _ = loss.cross_entropy(logits_BxLxV, targets)
@@ -68,13 +76,6 @@ def train_and_record(cfg: ModelConfig, tokens_BxL1: np.ndarray, cc: CoordCheckCo
             jnp.sqrt(v_ / (1 - b2**t)) + cc.base_eps * eps)
         return jax.tree.map(update, params, m, v, mult.lr, mult.eps), m, v, record
 
-    def init(rng):
-        params = transformer.init_params(cfg, rng)
-        return params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
-
-    rng = np.array(jax.random.key_data(jax.random.key(cc.seed)))
-    params, m, v = _compiled(lambda r: init(jax.random.wrap_key_data(r)), rng)(rng)
-    mult = completep.multipliers(cfg, params)
     step = _compiled(adam_step, params, m, v, 1.0)
     records = []
     for t in range(1, cc.steps + 2):  # the last call only records
@@ -126,7 +127,8 @@ def plot(results: dict, out_path: str) -> None:
     modes = list(results)
     sweeps = sorted({sweep for mode in modes for sweep in results[mode]}, reverse=True)  # width first
     rows = [(sweep, q) for sweep in sweeps for q in QUANTITIES]
-    fig, axes = plt.subplots(len(rows), len(modes), figsize=(4 * len(modes), 3 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), len(modes), figsize=(4 * len(modes), 3 * len(rows)), squeeze=False,
+                             sharey="row")
     for col, mode in enumerate(modes):
         for row, (sweep, q) in enumerate(rows):
             ax = axes[row][col]
@@ -138,7 +140,8 @@ def plot(results: dict, out_path: str) -> None:
             colors = plt.cm.viridis(np.linspace(0, 1, n_steps))
             for t in range(n_steps):
                 ax.plot(res["sizes"], res[q][:, t], color=colors[t], marker="o", ms=3, label=f"step {t}")
-            ax.set(xscale="log", yscale="log", xlabel=sweep, ylabel=q.replace("_", " "), title=f"{mode}: {q} vs {sweep}")
+            ax.set(xscale="log", yscale="log", xlabel=sweep, ylabel=q.replace("_", " "),
+                   title=f"{mode}: {q} vs {sweep}")
             ax.set_xticks(res["sizes"], [str(s) for s in res["sizes"]])
             ax.minorticks_off()
     axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))

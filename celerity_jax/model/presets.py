@@ -20,9 +20,9 @@ def _section3(d_model: int, n_layers: int) -> ModelConfig:
 
 
 def _tiny(d_model: int, n_layers: int) -> ModelConfig:
-    """Byte-vocabulary CPU shapes, base 32 wide and 2 deep."""
+    """Byte-vocabulary CPU shapes (256 bytes + end-of-text), base 32 wide and 2 deep."""
     return ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=d_model // 16, head_dim=16,
-                       vocab_size=256, max_seq_len=256, d_base=32, n_layers_base=2)
+                       vocab_size=257, max_seq_len=256, d_base=32, n_layers_base=2)
 
 
 PRESETS: dict[str, ModelConfig] = {

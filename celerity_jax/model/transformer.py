@@ -90,8 +90,10 @@ class Block(nn.Module):
     def __call__(self, x_BxLxD):
         cfg = self.cfg
         r = completep.forward_multipliers(cfg)["residual"]
-        x_BxLxD = x_BxLxD + r * Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD)).astype(jnp.float32)
-        x_BxLxD = x_BxLxD + r * Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD)).astype(jnp.float32)
+        attn_BxLxD = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD))
+        x_BxLxD = x_BxLxD + r * attn_BxLxD.astype(jnp.float32)
+        mlp_BxLxD = Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD))
+        x_BxLxD = x_BxLxD + r * mlp_BxLxD.astype(jnp.float32)
         return x_BxLxD, _rms(x_BxLxD)
 
 

@@ -1,0 +1,54 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from celerity_jax import demo, gin_config, recipe
+
+
+def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
+    runs = demo.demo_runs(demo.SIZES, quick=False)
+    plans = {}
+    for run in runs:
+        configs = gin_config.parse_gin(run.gin_files, run.gin_params)
+        plans[run.name] = recipe.make_plan(configs["model"], configs["recipe"])
+    tau_plans = [plans[f"tau/{s}"] for s in demo.SIZES]
+    naive_plans = [plans[f"naive/{s}"] for s in demo.SIZES]
+    assert len({p.tpp for p in tau_plans}) == 1
+    assert max(p.tau for p in tau_plans) == pytest.approx(min(p.tau for p in tau_plans))
+    assert len({p.n_params for p in tau_plans}) == 3
+    tokens = [p.tokens for p in naive_plans]
+    assert max(tokens) / min(tokens) < 1.01
+    assert {p.weight_decay for p in naive_plans} == {0.1}
+    assert max(p.tau for p in naive_plans) / min(p.tau for p in naive_plans) > 1.5
+
+
+def _fake_run(workdir, shape_scale, final, n_params, tau):
+    os.makedirs(workdir)
+    steps = 400
+    step = np.arange(1, steps + 1)
+    frac = step / steps
+    loss = final * (1 + shape_scale * (1 - frac) ** 2) + 0.002 * np.sin(step)
+    with open(os.path.join(workdir, "curve.csv"), "w") as f:
+        f.write("step,tokens,frac,loss\n")
+        for s, fr, l in zip(step, frac, loss):
+            f.write(f"{s},{s * 64},{fr},{l}\n")
+    plan = {"n_params": n_params, "tpp": 8.0, "tau": tau, "schedule": "d2z", "steps": steps, "warmup_steps": 40,
+            "weight_decay": 0.5, "batch_seqs": 8}
+    with open(os.path.join(workdir, "plan.json"), "w") as f:
+        json.dump(plan, f)
+
+
+def test_report_measures_each_recipe_and_their_ratio(tmp_path):
+    runs = []
+    for i, size in enumerate(demo.SIZES):
+        runs += [demo.DemoRun("tau", size, (), ()), demo.DemoRun("naive", size, (), ())]
+        _fake_run(tmp_path / "tau" / size, 0.5 + 0.01 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3)
+        _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
+    summary = demo.write_report(str(tmp_path), runs, {}, quick=True)
+    assert summary["naive"]["mean_abs_dev"] > 5 * summary["tau"]["mean_abs_dev"]
+    assert summary["ratio"] == pytest.approx(summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"])
+    report = (tmp_path / "report.md").read_text()
+    assert f"**{summary['ratio']:.2f}**" in report and "met" in report
+    assert (tmp_path / "collapse.png").stat().st_size > 10_000

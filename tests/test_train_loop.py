@@ -9,6 +9,7 @@ import sys
 import time
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from celerity_jax import gin_config
@@ -165,3 +166,25 @@ def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path):
     assert any("checkpoint at step 20 is unreadable" in m and "nothing deleted" in m for m in messages)
     moved = [n for n in os.listdir(workdir) if n.startswith("corrupt-checkpoint-20")]
     assert len(moved) == 1 and os.path.isdir(os.path.join(workdir, moved[0], "state"))
+
+
+def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from celerity_jax.collapse import loading, reference
+
+    loop.train(_configs(), str(tmp_path / "ref_run"), log=lambda _: None)
+    ref = reference.reference_from_curves([loading.load_curve(str(tmp_path / "ref_run"))], n_bins=50, smooth_bins=3)
+    reference.save_reference(ref, str(tmp_path / "ref.json"))
+    workdir = str(tmp_path / "run")
+    loop.train(_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
+               workdir, log=lambda _: None)
+    events = EventAccumulator(workdir)
+    events.Reload()
+    for tag in ("collapse/normalized_loss", "collapse/residual", "collapse/pred_final_loss",
+                "collapse/pred_final_loss_err", "collapse/alert"):
+        assert tag in events.Tags()["scalars"], tag
+    predictions = [e.value for e in events.Scalars("collapse/pred_final_loss") if e.value == e.value]
+    assert len(predictions) >= 5  # NaN only before the alignment window has been seen
+    final = float(np.mean(list(_losses(workdir).values())[-5:]))
+    assert abs(predictions[-1] / final - 1) < 0.05

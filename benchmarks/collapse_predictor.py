@@ -20,6 +20,7 @@ import numpy as np
 
 from celerity_jax.collapse import curves, loading, reference, surrogate
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic
 
 
 def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) -> list[str]:
@@ -100,7 +101,7 @@ def main() -> int:
     for f, errors in result["mean_abs_error"].items():
         print(f"{f:7.2f} {100 * errors['single']:10.3f}% {100 * errors['family']:8.3f}%")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    loading.save_json(result, args.out)
+    write_json_atomic(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

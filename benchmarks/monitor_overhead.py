@@ -17,7 +17,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from celerity_jax.collapse import curves, loading, monitor
+from celerity_jax.collapse import curves, monitor
+from celerity_jax.fileio import write_json_atomic
 
 
 def make_step(d: int, hidden: int, with_monitor: bool):
@@ -115,7 +116,7 @@ def main() -> int:
     print("measured: with/without monitor_update in the step (noisy on a loaded machine); update/metrics: "
           "their own cost as a share of the step (metrics amortized over the log interval)")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    loading.save_json(result, args.out)
+    write_json_atomic(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

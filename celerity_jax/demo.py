@@ -92,6 +92,7 @@ def run_demo(args) -> int:
 def write_report(workdir: str, runs: list[DemoRun], timings: dict[str, float], quick: bool) -> dict:
     """Collapse quality per recipe, their ratio, the figure and report.md."""
     from celerity_jax.collapse import compare, loading
+    from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
     families = {}
     for recipe_name in RECIPES:
@@ -121,8 +122,6 @@ def write_report(workdir: str, runs: list[DemoRun], timings: dict[str, float], q
     met = "met" if summary["ratio"] >= TARGET_RATIO else "NOT met"
     lines += ["", f"Ratio naive / tau of the mean absolute deviation: **{summary['ratio']:.2f}** "
                   f"(target >= {TARGET_RATIO:g}: {met}).", "", "![collapse](collapse.png)", ""]
-    with open(os.path.join(workdir, "report.md"), "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_text_atomic(os.path.join(workdir, "report.md"), "\n".join(lines))
+    write_json_atomic(os.path.join(workdir, "report.json"), summary)
     return summary

@@ -1,12 +1,11 @@
 """`celerity plan`, `celerity plan-table` and `celerity tau`: the recipe planner on the command line."""
 
-import argparse
 import glob
 import os
 import sys
-import tempfile
 
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_text_atomic
 
 PLAN_TABLE_GLOB = "experiments/celerity/*tpp.gin"
 
@@ -50,7 +49,7 @@ def plan_command(args) -> int:
     if args.json == "-":
         print(plan.to_json())
     elif args.json:
-        write_atomic(args.json, plan.to_json() + "\n")
+        write_text_atomic(args.json, plan.to_json() + "\n")
         print(f"wrote {args.json}")
     else:
         print(format_plan(plan))
@@ -69,7 +68,7 @@ def plan_table_command(args) -> int:
         rows.append((os.path.basename(path), recipe.make_plan(configs["model"], configs["recipe"])))
     rows.sort(key=lambda row: (row[1].n_params, row[1].tpp))
     command = " ".join(["celerity plan-table", *args.gin_files])
-    write_atomic(args.out, plan_table(rows, command) + "\n")
+    write_text_atomic(args.out, plan_table(rows, command) + "\n")
     print(f"wrote {args.out} ({len(rows)} plans)")
     return 0
 
@@ -125,19 +124,6 @@ def plan_table(rows, command: str) -> str:
 
 def _count(n: float) -> str:
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary file, so `path` is never half-written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _plot_ema(plan, path: str) -> None:

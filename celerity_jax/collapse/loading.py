@@ -103,15 +103,6 @@ def read_json(path: str, file_format: str | None = None, made_by: str = "") -> d
     return data
 
 
-def save_json(data: dict, path: str) -> None:
-    """Writes JSON atomically: an existing file is replaced only by a complete new one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 @dataclasses.dataclass(frozen=True)
 class Curve:
     name: str

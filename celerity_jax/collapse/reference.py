@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax.collapse import curves, family, surrogate
-from celerity_jax.collapse.loading import Controls, Curve, controls_from_mapping, read_json, save_json
+from celerity_jax.collapse.loading import Controls, Curve, controls_from_mapping, read_json
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic
 
 FORMAT = "celerity-collapse-reference/1"
 
@@ -94,7 +95,7 @@ def save_reference(ref: Reference, path: str) -> None:
             "normalized_loss": _floats(ref.normalized_G)}
     if ref.seed_std_G is not None:
         data["seed_std"] = _floats(ref.seed_std_G)
-    save_json(data, path)
+    write_json_atomic(path, data)
 
 
 def load_reference(path: str) -> Reference:

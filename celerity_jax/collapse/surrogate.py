@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax import schedules
-from celerity_jax.collapse.loading import read_json, save_json
+from celerity_jax.collapse.loading import read_json
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic
 
 FORMAT = "celerity-collapse-surrogate/1"
 EPS1 = 0.001
@@ -124,10 +125,11 @@ def sample_curve(key: jax.Array, steps: int, b: float, q: float, final_loss: flo
 def save_surrogate(fit: SurrogateFit, curve_info: list[dict], fit_range: tuple[float, float],
                    provenance: dict, path: str) -> None:
     """Writes the fitted constants, the MAE per curve (with `curve_info`) and overall."""
-    save_json({"format": FORMAT, "constants": dataclasses.asdict(fit.constants),
-               "fixed": {"eps1": EPS1, "eps2": EPS2, "m": M}, "fit_range": list(fit_range), "mae": fit.mae,
-               "curves": [dict(info, mae=float(m)) for info, m in zip(curve_info, fit.mae_C)],
-               "provenance": provenance}, path)
+    write_json_atomic(path, {
+        "format": FORMAT, "constants": dataclasses.asdict(fit.constants),
+        "fixed": {"eps1": EPS1, "eps2": EPS2, "m": M}, "fit_range": list(fit_range), "mae": fit.mae,
+        "curves": [dict(info, mae=float(m)) for info, m in zip(curve_info, fit.mae_C)],
+        "provenance": provenance})
 
 
 def load_surrogate(path: str) -> SurrogateConstants:

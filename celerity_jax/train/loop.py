@@ -21,6 +21,7 @@ from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.loading import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_text_atomic
 from celerity_jax.model import completep, transformer
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.checkpoint import Checkpointer
@@ -83,13 +84,6 @@ def _diff(a, b, prefix="") -> list[str]:
     return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
@@ -113,10 +107,10 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
 
     if is_chief:
         prepare_workdir(workdir, run_identity(configs, plan), force_new, log)
-        _write_atomic(os.path.join(workdir, "run.json"), json.dumps(run_identity(configs, plan), indent=2))
-        _write_atomic(os.path.join(workdir, "plan.json"), plan.to_json())
+        write_text_atomic(os.path.join(workdir, "run.json"), json.dumps(run_identity(configs, plan), indent=2))
+        write_text_atomic(os.path.join(workdir, "plan.json"), plan.to_json())
         if operative_config:
-            _write_atomic(os.path.join(workdir, "config.gin"), operative_config)
+            write_text_atomic(os.path.join(workdir, "config.gin"), operative_config)
 
     log(f"plan: N={plan.n_params:,} params, D={plan.tokens:,} tokens ({plan.tpp:g} TPP), {plan.steps} steps of "
         f"{plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "

@@ -31,7 +31,7 @@ def test_defaults_are_celerity_300m():
     (dict(sigma_base=-1.0), ["sigma_base", "positive"]),
     (dict(use_bias="yes"), ["use_bias", "True or False"]),
     (dict(positions="rope", d_model=630, n_heads=10, head_dim=63), ["head_dim", "even"]),
-    (dict(attention_impl="cudnn"), ["attention_impl", "bfloat16"]),
+    (dict(attention_impl="cudnn", compute_dtype="float32"), ["attention_impl", "bfloat16"]),
 ])
 def test_bad_config_raises_config_error_naming_the_field(fields, names):
     with pytest.raises(ConfigError) as err:
@@ -47,3 +47,9 @@ def test_replace_validates_again():
 
 def test_config_is_hashable_for_jit_static_args():
     assert hash(ModelConfig()) == hash(ModelConfig())
+
+
+def test_auto_compute_dtype_is_float32_on_cpu_and_explicit_values_stay():
+    assert ModelConfig().compute_dtype == "auto"
+    assert ModelConfig().dtype == "float32"  # the test machine is a CPU
+    assert ModelConfig(compute_dtype="bfloat16").dtype == "bfloat16"

@@ -188,3 +188,15 @@ def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
     assert len(predictions) >= 5  # NaN only before the alignment window has been seen
     final = float(np.mean(list(_losses(workdir).values())[-5:]))
     assert abs(predictions[-1] / final - 1) < 0.05
+
+
+@pytest.mark.parametrize("params, match", [
+    (("TrainConfig.mesh_shape = (3, 1, 1)",), "mesh_shape"),
+    (("RecipeConfig.seq_len = 512",), "max_seq_len"),
+    (("ModelConfig.vocab_size = 200",), "vocab"),
+    (("TrainConfig.microbatches = 3",), "microbatches"),
+])
+def test_config_errors_stop_before_anything_is_written(tmp_path, params, match):
+    with pytest.raises(ConfigError, match=match):
+        loop.train(_configs(*params), str(tmp_path / "run"), log=lambda _: None)
+    assert not (tmp_path / "run").exists()

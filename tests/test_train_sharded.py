@@ -35,7 +35,8 @@ def test_sharded_losses_match_one_device(mesh, one_device_losses, tmp_path):
         configs = loop.RunConfigs(**gin_config.parse_gin({GIN!r}, {list(STEPS)!r} + ["TrainConfig.mesh_shape = {mesh}"]))
         loop.train(configs, {str(tmp_path)!r}, log=lambda _: None)
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     got = _losses(tmp_path)

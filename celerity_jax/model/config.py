@@ -8,7 +8,7 @@ NORMS = ("layernorm", "rmsnorm")
 MLPS = ("squared_relu", "swiglu", "gelu")
 POSITIONS = ("alibi", "rope", "learned")
 PARAMETRIZATIONS = ("completep", "mup", "standard")
-COMPUTE_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTION_IMPLS = ("xla", "cudnn")
 REMATS = ("none", "full", "dots")
 
@@ -43,13 +43,22 @@ class ModelConfig:
     sigma_base: float = 8.67e-2
     alpha_input: float = 9.17
     alpha_output: float = 1.095
-    compute_dtype: str = "float32"
+    compute_dtype: str = "auto"  # "auto": bfloat16 on accelerators, float32 on CPU
     attention_impl: str = "xla"  # "cudnn" asks jax.nn.dot_product_attention for the fused GPU kernel
     scan_layers: bool = False
     remat: str = "none"
 
     def __post_init__(self):
         self.validate()
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype, with "auto" resolved for the default JAX backend."""
+        if self.compute_dtype != "auto":
+            return self.compute_dtype
+        import jax
+
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
     @property
     def d_ff(self) -> int:
@@ -89,7 +98,7 @@ class ModelConfig:
             _fail("mlp_ratio", self.mlp_ratio, f"gives an MLP width of {self.d_ff}; raise it")
         if self.positions == "rope" and self.head_dim % 2:
             _fail("head_dim", self.head_dim, "must be even for RoPE; use an even head_dim")
-        if self.attention_impl == "cudnn" and self.compute_dtype != "bfloat16":
+        if self.attention_impl == "cudnn" and self.compute_dtype == "float32":
             _fail("attention_impl", self.attention_impl, "needs compute_dtype='bfloat16'; "
                   "set ModelConfig.compute_dtype = 'bfloat16' or attention_impl = 'xla'")
 

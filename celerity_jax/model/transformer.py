@@ -1,8 +1,8 @@
 """Decoder-only transformer in Flax linen, used through `init_params` and `apply` on plain pytrees.
 
 Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers.
-Parameters are float32; matmuls run in cfg.compute_dtype; the residual stream, norms, softmax and
-logits stay float32. Initial std, LR and eps per parameter come from `completep`.
+Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" resolved); the residual
+stream, norms, softmax and logits stay float32. Initial std, LR and eps per parameter come from `completep`.
 """
 
 import functools
@@ -31,11 +31,11 @@ class Norm(nn.Module):
         x = x * self.param("scale", nn.initializers.ones, (x.shape[-1],))
         if cfg.norm == "layernorm" and cfg.use_bias:
             x = x + self.param("bias", nn.initializers.zeros, (x.shape[-1],))
-        return x.astype(cfg.compute_dtype)
+        return x.astype(cfg.dtype)
 
 
 def _dense(cfg: ModelConfig, features: int, name: str) -> nn.Dense:
-    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=_unit_normal, dtype=cfg.compute_dtype,
+    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=_unit_normal, dtype=cfg.dtype,
                     param_dtype=jnp.float32, name=name)
 
 
@@ -133,7 +133,7 @@ class Transformer(nn.Module):
             unembed_DxV = embed_VxD.T
         else:
             unembed_DxV = self.param("unembed", _unit_normal, (cfg.d_model, cfg.vocab_size))
-        logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.compute_dtype),
+        logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.dtype),
                                preferred_element_type=jnp.float32) * mult["output"]
         stats["logits_rms"] = _rms(logits_BxLxV)
         return logits_BxLxV, stats

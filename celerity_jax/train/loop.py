@@ -84,6 +84,30 @@ def _diff(a, b, prefix="") -> list[str]:
     return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
 
 
+class _LossEMA:
+    """Bias-corrected exponential moving average of the finite training losses."""
+
+    def __init__(self, decay: float):
+        self.decay, self.value, self.weight = decay, 0.0, 0.0
+
+    def update(self, losses) -> float:
+        for loss in losses:
+            if math.isfinite(loss):
+                self.weight = self.decay * self.weight + (1 - self.decay)
+                self.value = self.decay * self.value + (1 - self.decay) * loss
+        return self.value / self.weight if self.weight else math.nan
+
+
+def _perf_metrics(plan, step_time: float, peak_flops: float) -> dict[str, float]:
+    """Throughput over a log interval (the first one includes compilation)."""
+    flops_per_step = plan.flops_per_token * plan.batch_tokens
+    out = {"perf/step_time": step_time, "perf/tokens_per_sec": plan.batch_tokens / step_time,
+           "perf/model_flops_per_sec": flops_per_step / step_time}
+    if peak_flops:
+        out["perf/mfu"] = flops_per_step / step_time / peak_flops
+    return out
+
+
 def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
@@ -116,7 +140,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         f"{plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "
         f"hidden peak lr={plan.lr_hidden:.4g}")
     stats = data_lib.corpus_stats(configs.data)
-    log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items()))
+    log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items() if v != []))
     rng = jax.random.key(train_cfg.seed)
     multipliers = completep.multipliers(model_cfg, jax.eval_shape(
         lambda: transformer.init_params(model_cfg, rng)))
@@ -152,7 +176,6 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         tb.text(0, "config/operative_gin", "    " + operative_config.replace("\n", "\n    "))
         tb.text(0, "config/plan", "    " + plan.to_json().replace("\n", "\n    "))
     progress = Progress(plan.steps, start_step, quiet=not is_chief)
-    flops_per_step = plan.flops_per_token * plan.batch_tokens
     peak = peak_flops_per_device(jax.devices()[0].device_kind, train_cfg.peak_flops_per_sec) * jax.device_count()
     if reference_G is None:
         log("no collapse reference given (TrainConfig.collapse_reference): the monitor records the curve "
@@ -162,7 +185,7 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True)) \
         if threading.current_thread() is threading.main_thread() else None
     last_step = min(plan.steps, train_cfg.stop_at_step or plan.steps)
-    pending, ema, ema_weight = [], 0.0, 0.0
+    pending, loss_ema = [], _LossEMA(train_cfg.loss_ema)
     summary = {"workdir": workdir, "start_step": start_step, "steps": plan.steps, "stopped": "finished"}
     t_log, step_at_log = time.time(), start_step
     step = start_step
@@ -186,21 +209,11 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
                     f"{train_cfg.max_bad_steps}); stopped without saving, the last good checkpoint "
                     f"(step {checkpointer.latest_step()}) is untouched. Lower the LR, or raise max_bad_steps "
                     "to skip such steps")
-            now = time.time()
             values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            first = step - len(losses) + 1
-            for i, loss in enumerate(losses):
-                if math.isfinite(loss):
-                    ema_weight = train_cfg.loss_ema * ema_weight + (1 - train_cfg.loss_ema)
-                    ema = train_cfg.loss_ema * ema + (1 - train_cfg.loss_ema) * loss
-            values["train/loss_smooth"] = ema / ema_weight if ema_weight else math.nan
+            values["train/loss_smooth"] = loss_ema.update(losses)
             values["progress/frac"] = step / plan.steps
-            dt = (now - t_log) / max(step - step_at_log, 1)
-            values["perf/step_time"] = dt
-            values["perf/tokens_per_sec"] = plan.batch_tokens / dt
-            values["perf/model_flops_per_sec"] = flops_per_step / dt
-            if peak:
-                values["perf/mfu"] = flops_per_step / dt / peak
+            values.update(_perf_metrics(plan, (time.time() - t_log) / (step - step_at_log), peak))
+            first = step - len(losses) + 1
             if reference_G is not None:
                 collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
                 values.update({k: float(v) for k, v in collapse.items()})

@@ -13,6 +13,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from celerity_jax.errors import ConfigError
+from celerity_jax.model.completep import path_keys
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -68,7 +69,7 @@ def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
 def param_shardings(params, mesh: Mesh):
     """A NamedSharding per leaf of `params` (arrays or ShapeDtypeStructs)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, param_spec(_keys(path), x.shape, mesh)), params)
+        lambda path, x: NamedSharding(mesh, param_spec(path_keys(path), x.shape, mesh)), params)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -89,6 +90,3 @@ def check_batch_divisible(batch_seqs: int, mesh: Mesh, microbatches: int) -> Non
             f"batch of {batch_seqs} sequences in {microbatches} microbatches does not split over "
             f"{shards} data x fsdp shards; choose a batch divisible by microbatches x {shards}")
 
-
-def _keys(path) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)

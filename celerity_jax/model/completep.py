@@ -96,7 +96,7 @@ def multipliers(cfg: ModelConfig, params) -> Multipliers:
 
 def param_roles(params):
     """Pytree of Role mirroring `params`."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: param_role(_keys(path)), params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: param_role(path_keys(path)), params)
 
 
 def forward_multipliers(cfg: ModelConfig) -> dict[str, float]:
@@ -110,5 +110,6 @@ def forward_multipliers(cfg: ModelConfig) -> dict[str, float]:
     }
 
 
-def _keys(path) -> tuple[str, ...]:
+def path_keys(path) -> tuple[str, ...]:
+    """The dict keys (or attribute names) of a jax tree path, as strings."""
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)

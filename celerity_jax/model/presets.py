@@ -33,7 +33,7 @@ PRESETS: dict[str, ModelConfig] = {
     "celerity-3.9b": _celerity(2048, 16, 128, 40),
     "s3-111m": _section3(768, 10),
     "s3-266m": _section3(1088, 15),
-    "s3-610m": _section3(1536, 19),
+    "s3-610m": _section3(2048, 10),  # d_model 2048 as in the paper's τ example
     "s3-1.7b": _section3(2048, 32),
     "s3-3.3b": _section3(2560, 40),
     "tiny-d32": _tiny(32, 2),

@@ -1,8 +1,9 @@
 """Orbax checkpoints of the train state and the data-iterator state, with a fallback on corruption.
 
 A checkpoint holds two items: `state` (params, optimizer state, step, collapse-monitor state; one
-pytree) and `data` (the JSON state of the data iterator). An unreadable checkpoint is moved aside to
-`<dir>/corrupt-<step>` (never deleted) and the previous one is used.
+pytree) and `data` (the JSON state of the data iterator). When the newest checkpoints are unreadable
+and an older one restores, the unreadable ones are moved aside to `<workdir>/corrupt-checkpoint-<step>-
+<time>` (never deleted). When none restores, nothing is moved and the run stops with an explanation.
 """
 
 import os
@@ -11,6 +12,9 @@ import time
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from celerity_jax.errors import ConfigError
 
 
 class Checkpointer:
@@ -35,27 +39,35 @@ class Checkpointer:
         """Returns (step, state, data_state) of the newest readable checkpoint, or None if there is none."""
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like_state)
+        failed = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
                 restored = self._manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
-            except Exception as e:  # orbax raises many types for truncated or missing files
-                moved = self._move_aside(step)
-                log(f"checkpoint at step {step} is unreadable ({type(e).__name__}: {str(e)[:200]}); "
-                    f"moved it to {moved} (nothing deleted) and trying the previous checkpoint")
+            except Exception as e:  # orbax raises many types for truncated files or mismatched shapes
+                failed.append((step, f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
+            self._move_aside([s for s, _ in failed], log)
             return step, restored["state"], restored["data"]
+        if failed:
+            raise ConfigError(
+                f"none of the checkpoints in {self.directory} could be restored (step {failed[0][0]}: "
+                f"{failed[0][1]}); nothing was moved or deleted. If the run's settings changed since they "
+                "were written, restore them; to start over, pass --force_new (the old run is archived)")
         return None
 
-    def _move_aside(self, step: int) -> str:
-        src = os.path.join(self.directory, str(step))
-        dst = os.path.join(os.path.dirname(self.directory), f"corrupt-checkpoint-{step}-{int(time.time())}")
-        shutil.move(src, dst)
+    def _move_aside(self, steps: list[int], log) -> None:
+        """Moves unreadable checkpoints out of the manager's directory (process 0 moves, all wait)."""
+        if not steps:
+            return
+        for step in steps:
+            dst = os.path.join(os.path.dirname(self.directory), f"corrupt-checkpoint-{step}-{int(time.time())}")
+            if jax.process_index() == 0:
+                shutil.move(os.path.join(self.directory, str(step)), dst)
+            log(f"checkpoint at step {step} is unreadable; moved it to {dst} (nothing deleted) and resumed "
+                "from an older one")
+        multihost_utils.sync_global_devices("celerity_move_aside")
         self._manager.reload()
-        return dst
-
-    def wait(self) -> None:
-        self._manager.wait_until_finished()
 
     def close(self) -> None:
         self._manager.wait_until_finished()

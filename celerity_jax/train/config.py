@@ -6,8 +6,7 @@ What is trained (model, recipe, data, monitor) lives in those modules' own confi
 import dataclasses
 
 from celerity_jax.errors import ConfigError
-
-MESH_AXES = ("data", "fsdp", "tensor")
+from celerity_jax.sharding import MESH_AXES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from celerity_jax import optim, recipe, sharding
 from celerity_jax.collapse import monitor as monitor_lib
@@ -47,26 +48,32 @@ class RunConfigs:
 
 
 def run_identity(configs: RunConfigs, plan) -> dict:
-    """What makes two runs the same run: model, recipe and data (not logging or checkpoint cadence)."""
-    return {"model": dataclasses.asdict(configs.model), "recipe": dataclasses.asdict(configs.recipe),
-            "data": dataclasses.asdict(configs.data), "plan": plan.to_dict()}
+    """What makes two runs the same run: model, recipe, data and monitor (not logging or checkpoint
+    cadence). JSON-normalized, so it compares equal to what run.json holds."""
+    return json.loads(json.dumps({
+        "model": dataclasses.asdict(configs.model), "recipe": dataclasses.asdict(configs.recipe),
+        "data": dataclasses.asdict(configs.data), "monitor": dataclasses.asdict(configs.monitor),
+        "plan": plan.to_dict()}))
 
 
-def prepare_workdir(workdir: str, identity: dict, force_new: bool, log=print) -> None:
-    """Refuses a workdir holding a different run; with force_new, archives it (nothing is deleted)."""
-    os.makedirs(workdir, exist_ok=True)
+def check_workdir(workdir: str, identity: dict, force_new: bool) -> bool:
+    """Whether the workdir holds an earlier run to archive; refuses one that differs (read-only)."""
     path = os.path.join(workdir, "run.json")
     if not os.path.exists(path):
-        return
+        return False
     with open(path) as f:
         previous = json.load(f)
-    if previous == json.loads(json.dumps(identity)):
-        return
-    diffs = _diff(previous, json.loads(json.dumps(identity)))
-    if not force_new:
+    if force_new:
+        return True
+    if previous != identity:
         raise ConfigError(
-            f"workdir {workdir} holds a different run ({'; '.join(diffs[:6])}); use another --workdir, "
-            "or pass --force_new to archive the old run inside it and start over")
+            f"workdir {workdir} holds a different run ({'; '.join(_diff(previous, identity)[:6])}); use another "
+            "--workdir, or pass --force_new to archive the old run inside it and start over")
+    return False
+
+
+def archive_workdir(workdir: str, log=print) -> None:
+    """Moves everything in the workdir into `archived-<time>/` inside it (nothing is deleted)."""
     archive = os.path.join(workdir, f"archived-{time.strftime('%Y%m%d-%H%M%S')}")
     os.makedirs(archive)
     for name in os.listdir(workdir):
@@ -116,7 +123,6 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     if not is_chief:
         log = lambda _: None  # noqa: E731
     plan = recipe.make_plan(model_cfg, configs.recipe)
-    data_lib.check_seq_len(plan.seq_len, model_cfg.max_seq_len)
     data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), model_cfg.vocab_size)
     mesh = sharding.make_mesh(train_cfg.mesh_shape)
     sharding.check_batch_divisible(plan.batch_seqs, mesh, train_cfg.microbatches)
@@ -128,10 +134,24 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
             train_cfg.collapse_reference, monitor_cfg, controls, workdir, force=train_cfg.force_reference)
         for note in notes:
             log(note)
+    local_batch = plan.batch_seqs // jax.process_count()
+    data_it = data_lib.make_train_iterator(configs.data, plan.seq_len, local_batch, seed=train_cfg.seed,
+                                           process_index=jax.process_index(), process_count=jax.process_count())
+    if not configs.data.allow_repeat and plan.steps > data_it.batches_per_epoch:
+        raise ConfigError(
+            f"the plan needs {plan.steps} batches but the training split holds {data_it.batches_per_epoch:.0f} "
+            "and DataConfig.allow_repeat is False; add data, lower RecipeConfig.tpp, or allow repeats")
+    eval_batches_np = data_lib.make_eval_batches(configs.data, plan.seq_len, local_batch, train_cfg.eval_batches,
+                                                 process_index=jax.process_index(),
+                                                 process_count=jax.process_count())
 
+    identity = run_identity(configs, plan)
+    if check_workdir(workdir, identity, force_new) and is_chief:
+        archive_workdir(workdir, log)
+    multihost_utils.sync_global_devices("celerity_workdir")
     if is_chief:
-        prepare_workdir(workdir, run_identity(configs, plan), force_new, log)
-        write_text_atomic(os.path.join(workdir, "run.json"), json.dumps(run_identity(configs, plan), indent=2))
+        os.makedirs(workdir, exist_ok=True)
+        write_text_atomic(os.path.join(workdir, "run.json"), json.dumps(identity, indent=2))
         write_text_atomic(os.path.join(workdir, "plan.json"), plan.to_json())
         if operative_config:
             write_text_atomic(os.path.join(workdir, "config.gin"), operative_config)
@@ -152,18 +172,13 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
 
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), train_cfg.keep_last, train_cfg.keep_every,
                                 train_cfg.async_checkpointing)
-    data_it = data_lib.make_train_iterator(configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(),
-                                           seed=train_cfg.seed, process_index=jax.process_index(),
-                                           process_count=jax.process_count())
     start_step = 0
     restored = checkpointer.restore_latest(state, log=log)
     if restored is not None:
         start_step, state, data_state = restored
         data_it.set_state(data_state)
         log(f"resumed from the checkpoint at step {start_step} in {workdir}/checkpoints")
-    eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in data_lib.make_eval_batches(
-        configs.data, plan.seq_len, plan.batch_seqs // jax.process_count(), train_cfg.eval_batches,
-        process_index=jax.process_index(), process_count=jax.process_count())]
+    eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in eval_batches_np]
 
     train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=train_cfg.microbatches,
                                           z_loss=train_cfg.z_loss, state_shardings=state_sh,

@@ -18,7 +18,7 @@ from celerity_jax.model.loss import cross_entropy
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-    step: jax.Array  # int32: optimizer updates applied so far (skipped bad steps included)
+    step: jax.Array  # int32: steps taken so far, skipped bad steps included
     params: Any
     opt_state: Any
     monitor: Any  # the collapse monitor's binned curve
@@ -85,6 +85,15 @@ def _role_ratios(roles, updates, params) -> dict[str, jax.Array]:
     return out
 
 
+def _skip_keeping_counts(new_opt_state, old_opt_state, finite):
+    """On a skipped step, moments stay as they were but step counters advance, so the LR schedule
+    stays aligned with t̂ = step / T."""
+    def pick(path, new, old):
+        is_count = getattr(path[-1], "name", None) == "count"
+        return new if is_count else jnp.where(finite, new, old)
+    return jax.tree_util.tree_map_with_path(pick, new_opt_state, old_opt_state)
+
+
 def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTransformation, *,
                     microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None) -> Callable:
     """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
@@ -95,12 +104,12 @@ def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTrans
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         finite = jnp.isfinite(ce) & jnp.isfinite(optax.tree.norm(grads))
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         step = state.step + 1
         new_state = TrainState(
             step=step,
             params=keep(params, state.params),
-            opt_state=keep(opt_state, state.opt_state),
+            opt_state=_skip_keeping_counts(opt_state, state.opt_state, finite),
             monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
             bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
             first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))

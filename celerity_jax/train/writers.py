@@ -4,6 +4,7 @@ TensorBoard events are written with the `tensorboard` package alone (no TensorFl
 """
 
 import csv
+import io
 import math
 import os
 import sys
@@ -11,6 +12,8 @@ import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from celerity_jax.fileio import write_text_atomic
 
 CURVE_COLUMNS = ("step", "tokens", "frac", "loss")
 
@@ -38,10 +41,12 @@ class TensorBoardWriter:
 
 
 class CurveCSV:
-    """Appends (step, tokens, frac, loss) rows; on resume, drops rows past the restored step.
+    """Appends (step, tokens, frac, loss) rows of finite losses; on resume, drops rows past the
+    restored step.
 
     Rows past the restored checkpoint belong to steps that will be trained again, so keeping them
-    would duplicate steps. The dropped rows are kept in `curve.csv.discarded` for inspection.
+    would duplicate steps. The dropped rows are kept in `curve.csv.discarded` for inspection. Steps
+    whose loss was not finite (skipped, see TrainConfig.max_bad_steps) have no row.
     """
 
     def __init__(self, path: str, resume_step: int):
@@ -62,18 +67,16 @@ class CurveCSV:
             return
         with open(self.path + ".discarded", "a", newline="") as f:
             csv.writer(f).writerows(dropped)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(kept)
-        os.replace(tmp, self.path)
+        text = io.StringIO()
+        csv.writer(text).writerows([header] + kept)
+        write_text_atomic(self.path, text.getvalue())
 
     def append(self, rows: list[tuple[int, int, float, float]]) -> None:
         with open(self.path, "a", newline="") as f:
             w = csv.writer(f)
             for step, tokens, frac, loss in rows:
-                w.writerow((step, tokens, f"{frac:.6f}", repr(float(loss))))
+                if math.isfinite(loss):
+                    w.writerow((step, tokens, repr(float(frac)), repr(float(loss))))
 
 
 class Progress:

@@ -3,6 +3,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from celerity_jax import optim, recipe, schedules
@@ -136,3 +137,25 @@ def _get(tree, keys):
     for k in keys:
         tree = tree[k]
     return tree
+
+
+def test_real_model_hidden_matrices_decay_at_plan_lr_hidden_times_lambda():
+    from celerity_jax.model import completep, presets, transformer
+
+    cfg = presets.preset("tiny-d64")
+    plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=2, seq_len=64, batch_seqs=16, base_lr=1e-2,
+                                                      warmup_tokens=None))
+    params = transformer.init_params(cfg, jax.random.key(0))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
+    state = optimizer.init(params)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    update = jax.jit(optimizer.update)
+    theta = params
+    for _ in range(50):
+        updates, state = update(zeros, state, theta)
+        theta = optax.apply_updates(theta, updates)
+    schedule = schedules.make_schedule(plan.schedule, plan.steps, plan.warmup_steps, plan.wsd_decay_frac)
+    expected = np.prod([1 - plan.lr_hidden * float(schedule(j)) * plan.weight_decay for j in range(50)])
+    hidden = theta["block_0"]["mlp"]["up"]["kernel"] / params["block_0"]["mlp"]["up"]["kernel"]
+    np.testing.assert_allclose(np.asarray(hidden), expected, rtol=1e-5)
+    assert expected < 0.999  # the decay is visible

@@ -11,7 +11,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from celerity_jax import optim
 from celerity_jax.model import completep, loss, transformer
 from celerity_jax.model.config import ModelConfig
 
@@ -53,34 +55,31 @@ def batch_tokens(cc: CoordCheckConfig) -> np.ndarray:
 def train_and_record(cfg: ModelConfig, tokens_BxL1: np.ndarray, cc: CoordCheckConfig) -> dict[str, np.ndarray]:
     """Loss and RMS values before each of cc.steps Adam steps and after the last: arrays [steps+1]."""
     inputs, targets = jnp.asarray(tokens_BxL1[:, :-1]), jnp.asarray(tokens_BxL1[:, 1:])
-    b1, b2 = 0.9, 0.95
-
-    def init(rng):
-        params = transformer.init_params(cfg, rng)
-        return params, jax.tree.map(jnp.zeros_like, params), jax.tree.map(jnp.zeros_like, params)
-
     rng = jax.random.key(cc.seed)
-    params, m, v = _compiled(init, rng)(rng)
+    params = _compiled(lambda r: transformer.init_params(cfg, r), rng)(rng)
     mult = completep.multipliers(cfg, params)
+    # The optimizer training uses, at a constant LR and without weight decay.
+    optimizer = optim.tau_pinned_adamw(cc.base_lr, 0.0, b1=0.9, b2=0.95,
+                                       eps=jax.tree.map(lambda e: cc.base_eps * e, mult.eps),
+                                       lr_multipliers=mult.lr, decay_mask=mult.decay, grad_clip=0.0)
 
     def loss_fn(params):
         logits_BxLxV, stats = transformer.apply(cfg, params, inputs, return_stats=True)
         value, _ = loss.cross_entropy(logits_BxLxV, targets)
         return value, {"loss": value, "residual_rms": stats["residual_rms"][-1], "logits_rms": stats["logits_rms"]}
 
-    def adam_step(params, m, v, t):
+    def adam_step(params, opt_state):
         grads, record = jax.grad(loss_fn, has_aux=True)(params)
-        m = jax.tree.map(lambda m_, g: b1 * m_ + (1 - b1) * g, m, grads)
-        v = jax.tree.map(lambda v_, g: b2 * v_ + (1 - b2) * g * g, v, grads)
-        update = lambda p, m_, v_, lr, eps: p - cc.base_lr * lr * (m_ / (1 - b1**t)) / (
-            jnp.sqrt(v_ / (1 - b2**t)) + cc.base_eps * eps)
-        return jax.tree.map(update, params, m, v, mult.lr, mult.eps), m, v, record
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, record
 
-    step = _compiled(adam_step, params, m, v, 1.0)
+    opt_state = optimizer.init(params)
+    step = _compiled(adam_step, params, opt_state)
     records = []
     for t in range(1, cc.steps + 2):  # the last call only records
-        new_params, m, v, record = step(params, m, v, float(t))
-        params = new_params if t <= cc.steps else params
+        new_params, new_opt_state, record = step(params, opt_state)
+        if t <= cc.steps:
+            params, opt_state = new_params, new_opt_state
         records.append(record)
     return {k: np.array([float(r[k]) for r in records]) for k in records[0]}
 

@@ -3,26 +3,38 @@
 In one run: the peak of a large dense matmul (float32 on CPU: the faster of XLA's and numpy's BLAS;
 bfloat16 on accelerators), then, for each model shape, the trainer's real jitted step
 (`celerity_jax.train.step.make_train_step`: forward, backward, the AdamW/CompleteP update, the
-collapse-monitor update and the metrics). Prints tokens/s,
-model FLOP/s (`params.flops_per_token`: 6N plus attention), their fraction of the peak, compile time
-and peak memory, and writes JSON. It also times a minimal step built from the same pieces (loss,
-gradient, optimizer update; no monitor, no metrics, no non-finite guard) to give the in-loop overhead.
+collapse-monitor update and the metrics). Prints tokens/s, model FLOP/s (`params.flops_per_token`: 6N
+plus attention), their fraction of the peak, compile time, peak memory and host page faults per step,
+and writes JSON. It also times a minimal step built from the same pieces (loss,
+gradient, optimizer update; no monitor, no metrics, no non-finite guard) and the trainer's host work at a
+log step (fetching metrics, `monitor_metrics`, TensorBoard and curve.csv writes) to give the in-loop
+overhead of the collapse monitor and logging.
+
+The CPU speed-ups are on by default, as in the trainer, and each has an A/B switch: `--no-fast-dense`
+(ModelConfig.dense_backward = "plain"), `--no-blocked-attention` (attention_impl = "xla") and
+`--no-mallopt` (`celerity_jax.hostmem`, also off with CELERITY_RETAIN_HOST_MEMORY=0). `--levers` times
+the first two as extra variants in the same interleaved rotation and prints each one's effect; the
+allocator setting is per process, so compare a run with `--no-mallopt` against one without.
 
 Shapes: "128", "256", "512" are the tiny byte-vocabulary ladder (4 layers) at that width with
 `--head-dim` heads; "300m" is the celerity-300m preset at sequence 2048 (default on accelerators).
-Steps and peak matmuls are interleaved and the fastest repeat is kept (least disturbed by other load);
-medians are reported too.
+Steps and peak matmuls are interleaved; a step counts at its fastest repeat (least disturbed by other
+load) against the fastest matmul of the whole run, and, in brackets, at its median against the median
+matmul timed beside it.
 
     .venv/bin/python benchmarks/train_throughput.py [--quick] [--sizes 128,256,512] [--seq-len 256]
-        [--batch 16] [--steps 6] [--out bench_out/train_throughput.json]
+        [--batch 16] [--steps 6] [--levers] [--no-fast-dense] [--no-blocked-attention] [--no-mallopt]
+        [--out bench_out/train_throughput.json]
 """
 
 import argparse
 import dataclasses
+import io
 import os
 import platform
 import resource
 import statistics
+import tempfile
 import time
 
 import jax
@@ -30,25 +42,34 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from celerity_jax import optim, recipe, sharding
+from celerity_jax import hostmem, optim, recipe, sharding
+from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.monitor import MonitorConfig
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import completep, params as params_lib, presets, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.loss import cross_entropy
 from celerity_jax.train import step as step_lib
+from celerity_jax.train.config import TrainConfig
+from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 BIG_SEQ_LEN, BIG_BATCH = 2048, 16  # the 300m shape on an accelerator
+LEVERS = {"fast_dense": {"dense_backward": "plain"}, "blocked_attention": {"attention_impl": "xla"}}  # "off" settings
 
 
-def model_config(size: str, seq_len: int, head_dim: int) -> ModelConfig:
+def model_config(size: str, args) -> ModelConfig:
+    overrides = {}
+    for lever, off in LEVERS.items():
+        if getattr(args, f"no_{lever}"):
+            overrides.update(off)
     if size == "300m":
-        overrides = {"scan_layers": True}
+        overrides["scan_layers"] = True
         if jax.default_backend() == "gpu":
             overrides["attention_impl"] = "cudnn"
         return presets.preset("celerity-300m", **overrides)
     d = int(size)
-    return presets.preset("tiny-d128", d_model=d, n_heads=d // head_dim, head_dim=head_dim, max_seq_len=seq_len)
+    return presets.preset("tiny-d128", d_model=d, n_heads=d // args.head_dim, head_dim=args.head_dim,
+                          max_seq_len=args.seq_len, **overrides)
 
 
 def minimal_step(model_cfg: ModelConfig, optimizer, state_sh, batch_sh):
@@ -101,10 +122,42 @@ def device_peak_bytes() -> int | None:
     return stats.get("peak_bytes_in_use") if stats else None
 
 
+def log_step_seconds(state, metrics, plan, log_every: int) -> float:
+    """The trainer's host work at one log step (as in `train.loop.train`): fetch the pending losses, the
+    bad-step counters and the metrics, compute the collapse metrics, write TensorBoard, curve.csv and
+    the console line. Median of 5, after a warm-up that compiles `monitor_metrics`."""
+    monitor_cfg = MonitorConfig()
+    reference_G = jnp.linspace(2.0, 1.0, monitor_cfg.n_bins)  # any reference costs the same
+    pending = [metrics["train/loss"]] * log_every
+    with tempfile.TemporaryDirectory() as workdir:
+        tb, curve = TensorBoardWriter(workdir), CurveCSV(os.path.join(workdir, "curve.csv"), 0)
+        progress = Progress(plan.steps, 0, stream=io.StringIO())
+
+        def once(step: int):
+            losses = np.asarray(jax.device_get(pending), np.float64)
+            jax.device_get((state.bad_steps, state.first_bad_step))
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
+            values.update({k: float(v) for k, v in collapse.items()})
+            first = step - len(losses) + 1
+            curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
+                          for i, loss in enumerate(losses)])
+            for i, loss in enumerate(losses[:-1]):
+                tb.scalars(first + i, {"train/loss": loss})
+            tb.scalars(step, values)
+            tb.flush()
+            progress.update(step, {"loss": values["train/loss"]})
+
+        once(log_every)
+        times = [timed(lambda: once(log_every * (i + 2))) for i in range(5)]
+        tb.close()
+    return statistics.median(times)
+
+
 def bench_shape(size: str, args, peak_fns: dict) -> dict:
     big = size == "300m"
     seq_len, batch_seqs = (BIG_SEQ_LEN, BIG_BATCH) if big else (args.seq_len, args.batch)
-    cfg = model_config(size, seq_len, args.head_dim)
+    cfg = model_config(size, args)
     plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=20, seq_len=seq_len, batch_seqs=batch_seqs,
                                                      warmup_tokens=None))
     rng = jax.random.key(0)
@@ -116,20 +169,25 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     state_sh = step_lib.state_shardings(jax.eval_shape(init), mesh, optimizer)
     tokens_BxL1 = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch_seqs, seq_len + 1), dtype=np.int32)
     batch = jax.device_put({"inputs": tokens_BxL1[:, :-1], "targets": tokens_BxL1[:, 1:]}, batch_sh)
+    real = lambda c: step_lib.make_train_step(c, plan, optimizer, microbatches=1, z_loss=0.0,
+                                              state_shardings=state_sh, batch_sharding=batch_sh)
+    variants = {"real": real(cfg), "minimal": minimal_step(cfg, optimizer, state_sh, batch_sh)}
+    if args.levers:  # the real step with one speed-up turned off (the optimizer and init do not change)
+        for lever, off in LEVERS.items():
+            if any(getattr(cfg, field) != value for field, value in off.items()):
+                variants[f"no_{lever}"] = real(dataclasses.replace(cfg, **off))
 
     runs = {}
-    for name, jitted in (("real", step_lib.make_train_step(cfg, plan, optimizer, microbatches=1, z_loss=0.0,
-                                                           state_shardings=state_sh, batch_sharding=batch_sh)),
-                         ("minimal", minimal_step(cfg, optimizer, state_sh, batch_sh))):
+    for name, jitted in variants.items():
         state = jax.jit(init, out_shardings=state_sh)()
         start = time.perf_counter()
         compiled = jitted.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
-        state, _ = compiled(state, batch)  # warm up
+        state, metrics = compiled(state, batch)  # warm up
         jax.block_until_ready(state)
         memory = compiled.memory_analysis()
-        runs[name] = {"step": compiled, "state": state, "times": [], "compile_s": compile_s,
-                      "temp_bytes": memory.temp_size_in_bytes if memory else None,
+        runs[name] = {"step": compiled, "state": state, "metrics": metrics, "times": [], "faults": 0.0,
+                      "compile_s": compile_s, "temp_bytes": memory.temp_size_in_bytes if memory else None,
                       "bytes_accessed": (compiled.cost_analysis() or {}).get("bytes accessed")}
 
     k = 1 if jax.default_backend() == "cpu" else 10  # steps per timed repeat: one sync per repeat
@@ -137,9 +195,11 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     def run_steps(run):
         def go():
             for _ in range(k):
-                run["state"], _ = run["step"](run["state"], batch)
+                run["state"], run["metrics"] = run["step"](run["state"], batch)
             jax.block_until_ready(run["state"])
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         run["times"].append(timed(go) / k)
+        run["faults"] += (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / k
 
     peak_times = {name: [] for name in peak_fns}
     for r in range(args.steps):
@@ -147,35 +207,48 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
             peak_times[name].append(min(timed(matmul) for _ in range(2)))
         if "numpy" in peak_fns:
             time.sleep(0.2)
-        for name in (("real", "minimal") if r % 2 == 0 else ("minimal", "real")):  # ABBA: neither always first
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):  # alternate the order: none always first
             run_steps(runs[name])
+    log_s = log_step_seconds(runs["real"]["state"], runs["real"]["metrics"], plan, args.log_every)
 
     peaks = {name: flops / min(peak_times[name]) for name, (_, flops) in peak_fns.items()}
     peak = max(peaks.values())
     peak_median = max(flops / statistics.median(peak_times[name]) for name, (_, flops) in peak_fns.items())
     tokens = batch_seqs * seq_len
     flops_per_step = params_lib.flops_per_token(cfg, seq_len) * tokens
-    real, minimal = runs["real"]["times"], runs["minimal"]["times"]
-    step_s, step_median_s = min(real), statistics.median(real)
+    times = {name: run["times"] for name, run in runs.items()}
+    step_s, step_median_s = min(times["real"]), statistics.median(times["real"])
+
+    def paired(slow: str, fast: str) -> float:  # median over repeats of slow/fast − 1, timed side by side
+        return statistics.median(a / b - 1.0 for a, b in zip(times[slow], times[fast]))
+
+    in_graph = paired("real", "minimal")
+    logging = log_s / (args.log_every * step_s)
     return {
         "size": size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
         "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "seq_len": seq_len, "batch_seqs": batch_seqs,
-        "compute_dtype": str(jnp.dtype(cfg.dtype)), "n_params": params_lib.count_params(cfg),
-        "flops_per_token": params_lib.flops_per_token(cfg, seq_len),
-        "step_s": step_s, "step_median_s": step_median_s,
+        "compute_dtype": str(jnp.dtype(cfg.dtype)), "attention_kernel": cfg.attention_kernel,
+        "dense_backward_kernel": cfg.dense_backward_kernel, "scan_layers": cfg.scan_layers,
+        "n_params": params_lib.count_params(cfg), "flops_per_token": params_lib.flops_per_token(cfg, seq_len),
+        "step_s": step_s, "step_median_s": step_median_s, "step_times_s": times["real"],
         "tokens_per_s": tokens / step_s, "tokens_per_s_median": tokens / step_median_s,
-        "model_flops_per_s": flops_per_step / step_s, "peak_flops_per_s": peak,
+        "model_flops_per_s": flops_per_step / step_s, "row_peak_flops_per_s": peak,
         **{f"matmul_{name}_flops_per_s": value for name, value in peaks.items()},
-        "frac_of_peak": flops_per_step / step_s / peak,
         "frac_of_peak_median": flops_per_step / step_median_s / peak_median,
         "compile_s": runs["real"]["compile_s"], "xla_temp_bytes": runs["real"]["temp_bytes"],
         "peak_memory_bytes": host_peak_rss_bytes() if jax.default_backend() == "cpu" else device_peak_bytes(),
-        "peak_memory_kind": "host RSS (process)" if jax.default_backend() == "cpu" else "device peak_bytes_in_use",
-        "minimal_step_s": min(minimal), "minimal_step_median_s": statistics.median(minimal),
-        "overhead": min(real) / min(minimal) - 1.0,
-        "overhead_paired_median": statistics.median(a / b - 1.0 for a, b in zip(real, minimal)),
+        "peak_memory_kind": ("host RSS (process, so far)" if jax.default_backend() == "cpu"
+                             else "device peak_bytes_in_use"),
+        "page_faults_per_step": runs["real"]["faults"] / args.steps,
+        "minimal_step_s": min(times["minimal"]), "minimal_step_median_s": statistics.median(times["minimal"]),
+        "overhead_in_graph": in_graph,
         "overhead_bytes_accessed": (runs["real"]["bytes_accessed"] / runs["minimal"]["bytes_accessed"] - 1.0
                                     if runs["real"]["bytes_accessed"] and runs["minimal"]["bytes_accessed"] else None),
+        "log_step_s": log_s, "log_every": args.log_every, "overhead_logging": logging,
+        "overhead": in_graph + logging,
+        "levers": {name[3:]: {"step_s": min(times[name]), "slowdown_if_off": min(times[name]) / step_s - 1.0,
+                              "slowdown_if_off_paired_median": paired(name, "real")}
+                   for name in runs if name.startswith("no_")},
     }
 
 
@@ -197,8 +270,20 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=64, help="head size of the ladder shapes")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per variant (default 6; --quick 3)")
     parser.add_argument("--quick", action="store_true", help="a smoke run in about a minute")
+    parser.add_argument("--log-every", type=int, default=TrainConfig.log_every,
+                        help="steps per log step, for the logging overhead (default: TrainConfig's)")
+    parser.add_argument("--levers", action="store_true",
+                        help="also time the step with each CPU speed-up turned off, in the same rotation")
+    parser.add_argument("--no-fast-dense", action="store_true",
+                        help="ModelConfig.dense_backward = 'plain' (XLA's own Dense backward)")
+    parser.add_argument("--no-blocked-attention", action="store_true",
+                        help="ModelConfig.attention_impl = 'xla' (jax.nn.dot_product_attention)")
+    parser.add_argument("--no-mallopt", action="store_true",
+                        help="leave glibc's allocator as it is (see celerity_jax/hostmem.py)")
     parser.add_argument("--out", default="bench_out/train_throughput.json")
     args = parser.parse_args()
+    host_memory = (hostmem.HostMemory({}, "turned off by --no-mallopt") if args.no_mallopt
+                   else hostmem.retain_freed_memory())  # before JAX allocates anything
     cpu = jax.default_backend() == "cpu"
     if args.sizes is None:
         args.sizes = "128,256" if args.quick else ("128,256,512" if cpu else "128,256,512,300m")
@@ -211,33 +296,46 @@ def main() -> int:
     machine = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
                "devices": jax.device_count(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
                "host": platform.node(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "host_memory": dataclasses.asdict(host_memory),
                "peak_matmul": f"{n}x{n} {'float32' if cpu else 'bfloat16'}"}
     peak_fns = {"xla": matmul_peak(n)}
     if cpu:
         peak_fns["numpy"] = numpy_matmul(n)
     print(f"{machine['backend']} ({machine['device']}, {machine['cpu']}, {machine['cpu_count']} cores), "
           f"jax {machine['jax']}, load average {os.getloadavg()[0]:.1f}; peak: the faster {machine['peak_matmul']} "
-          f"matmul of {' and '.join(peak_fns)}")
-    rows = []
-    for size in args.sizes.split(","):
-        rows.append(bench_shape(size.strip(), args, peak_fns))
-        row = rows[-1]
-        if len(rows) == 1:
-            print(f"{'shape':>24s} {'tokens/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s} {'peak':>7s} {'frac':>6s} "
-                  f"{'(median)':>8s} {'compile s':>9s} {'mem MiB':>8s} {'overhead':>8s}")
+          f"matmul of {' and '.join(peak_fns)}; glibc retains freed memory: "
+          f"{'yes' if host_memory.applied else 'no (' + host_memory.reason + ')'}")
+    start_peak = max(flops / min(timed(matmul) for _ in range(5)) for matmul, flops in peak_fns.values())
+    rows = [bench_shape(size.strip(), args, peak_fns) for size in args.sizes.split(",")]
+    # The machine's peak: the fastest matmul seen in the whole run, so a busy moment cannot lower it.
+    peak = max([start_peak] + [row["row_peak_flops_per_s"] for row in rows])
+    print(f"peak {peak / 1e9:.1f} GFLOP/s")
+    print(f"{'shape':>24s} {'tokens/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s} {'frac':>6s} "
+          f"{'(median)':>8s} {'compile s':>9s} {'mem MiB':>8s} {'faults':>7s} {'overhead':>8s} {'(graph+log)':>13s}")
+    for row in rows:
+        row["peak_flops_per_s"] = peak
+        row["frac_of_peak"] = row["model_flops_per_s"] / peak
         shape = f"d{row['d_model']}x{row['n_layers']} h{row['n_heads']}x{row['head_dim']} {row['batch_seqs']}x{row['seq_len']}"
         print(f"{shape:>24s} {row['tokens_per_s']:9.0f} {1e3 * row['step_s']:8.1f} "
-              f"{row['model_flops_per_s'] / 1e9:8.1f} {row['peak_flops_per_s'] / 1e9:7.1f} "
+              f"{row['model_flops_per_s'] / 1e9:8.1f} "
               f"{100 * row['frac_of_peak']:5.1f}% {100 * row['frac_of_peak_median']:7.1f}% "
               f"{row['compile_s']:9.1f} {row['peak_memory_bytes'] / 2**20:8.0f} "
-              f"{100 * row['overhead_paired_median']:7.1f}%")
+              f"{row['page_faults_per_step']:7.0f} {100 * row['overhead']:7.1f}% "
+              f"({100 * row['overhead_in_graph']:+.1f}+{100 * row['overhead_logging']:.2f})")
+        for lever, effect in row["levers"].items():
+            print(f"{'':>24s} without {lever}: step {1e3 * effect['step_s']:.1f} ms, "
+                  f"{100 * effect['slowdown_if_off']:+.1f}% (paired median {100 * effect['slowdown_if_off_paired_median']:+.1f}%)")
     load = os.getloadavg()[0]
-    print(f"fastest of {args.steps} steps (median in brackets) against the fastest peak matmul; overhead: real step "
-          f"over a minimal one (loss, gradient, update) as the median of paired repeats; load average now {load:.1f}")
+    print(f"fastest of {args.steps} steps against the fastest matmul of the run (in brackets: median step against the "
+          f"median matmul timed beside it); overhead: real step over a minimal one (loss, gradient, update) as the "
+          f"median of paired repeats, plus the host work of a log step every {args.log_every} steps; faults: host page "
+          f"faults per step; mem: {'peak host RSS of the process so far' if cpu else 'device peak'}; "
+          f"load average now {load:.1f}")
     if load > (os.cpu_count() or 1):
         print(f"warning: load average {load:.1f} exceeds the {os.cpu_count()} cores; timings are noisy")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    write_json_atomic(args.out, {"machine": machine, "load_average": load, "args": vars(args), "rows": rows})
+    write_json_atomic(args.out, {"machine": machine, "peak_flops_per_s": peak, "load_average": load,
+                                 "args": vars(args), "rows": rows})
     print(f"wrote {args.out}")
     return 0
 

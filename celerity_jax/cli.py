@@ -8,6 +8,7 @@ import argparse
 import importlib
 import sys
 
+from celerity_jax import hostmem
 from celerity_jax.errors import ConfigError
 
 COMMAND_MODULES = (
@@ -17,6 +18,7 @@ COMMAND_MODULES = (
     "celerity_jax.collapse.commands",
     "celerity_jax.train_cli",
     "celerity_jax.demo",
+    "celerity_jax.sweep",
 )
 
 
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    hostmem.retain_freed_memory()  # first, before JAX allocates (CELERITY_RETAIN_HOST_MEMORY=0 turns it off)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -98,6 +98,18 @@ def test_fit_then_reference_from_the_surrogate(capsys, tmp_path):
     code, out, _ = _celerity(capsys, "reference", "--surrogate", out_path, "--tau", "0.17", "--tpp", "20",
                              "--schedule", "d2z", "--warmup-frac", "0.1", "--out", ref_path, *GRID)
     assert code == 0 and json.load(open(ref_path))["provenance"]["kind"] == "surrogate"
+    code, out, _ = _celerity(capsys, "reference", "--surrogate", out_path, "--tau", "0.17", "--tpp", "20",
+                             "--schedule", "d2z", "--out", ref_path, *GRID)
+    assert "outside" not in out
+    grid = json.load(open(surrogate.default_surrogate_path()))["provenance"]["grid"]
+    tau, tpp = str(min(grid["taus"])), str(max(grid["tpps"]))
+    code, out, _ = _celerity(capsys, "reference", "--surrogate", "default", "--tau", tau, "--tpp", tpp,
+                             "--schedule", "d2z", "--warmup-frac", "0.1", "--out", ref_path, *GRID)
+    assert code == 0 and json.load(open(ref_path))["provenance"]["source"].endswith("default_surrogate.json")
+    assert "outside" not in out
+    code, out, _ = _celerity(capsys, "reference", "--surrogate", "default", "--tau", str(0.5 * float(tau)),
+                             "--tpp", tpp, "--schedule", "d2z", "--out", ref_path, *GRID)
+    assert code == 0 and "tau = " in out and "is outside the fitted runs' range" in out
 
 
 def test_bad_input_names_the_file_and_overwrites_nothing(capsys, family, tmp_path):

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import os
 
 import jax
@@ -104,3 +105,33 @@ def test_load_reference_refuses_other_files(tmp_path):
         f.write("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         reference.load_reference(path)
+
+
+def test_reference_from_the_default_surrogate_is_a_valid_curve(tmp_path):
+    grid = json.load(open(surrogate.default_surrogate_path()))["provenance"]["grid"]
+    inside = dataclasses.replace(CONTROLS, tau=float(np.median(grid["taus"])), tpp=float(np.median(grid["tpps"])))
+    ref = reference.reference_from_surrogate(surrogate.default_surrogate(), inside, N_BINS, "default")
+    path = os.path.join(tmp_path, "ref.json")
+    reference.save_reference(ref, path)
+    loaded = reference.load_reference(path)  # validates: increasing grid, finite positive values
+    assert loaded.normalized_G[-1] == pytest.approx(1.0, abs=0.01)
+    after_warmup_G = loaded.normalized_G[loaded.frac_G > 0.2]
+    assert np.all(np.isfinite(after_warmup_G)) and after_warmup_G.max() < 3.0
+
+
+def test_surrogate_inputs_normalize_runs_and_select_curves():
+    runs = [_curve(0), _curve(1, dataclasses.replace(CONTROLS, tau=0.35), b=0.2)]
+    inputs = reference.surrogate_inputs(runs, N_BINS, WIDTH)
+    assert inputs.curves_CxG.shape == inputs.eta_CxG.shape == (2, N_BINS)
+    np.testing.assert_allclose(inputs.curves_CxG[0], reference.normalize_run(runs[0], N_BINS, WIDTH)[0])
+    assert list(inputs.tau_C) == [0.17, 0.35] and inputs.info[1]["curve"] == "run1/curve.csv"
+    second = inputs.take(np.array([False, True]))
+    assert second.info == inputs.info[1:] and np.array_equal(second.curves_CxG, inputs.curves_CxG[1:])
+    with pytest.raises(ConfigError, match=r"run0/curve.csv: the surrogate needs the controls \['tau'\]"):
+        reference.surrogate_inputs([_curve(0, dataclasses.replace(CONTROLS, tau=None))], N_BINS, WIDTH)
+
+
+def test_a_surrogate_that_overflows_far_from_its_fit_is_refused():
+    steep = surrogate.SurrogateConstants(0.1, 0.0, 4.0, 2.0)  # q = 1600 at TPP 20: (η + 0.1)^q overflows
+    with pytest.raises(ConfigError, match="no finite positive curve at τ = 0.17, TPP = 20"):
+        reference.reference_from_surrogate(steep, CONTROLS, N_BINS, "steep.json")

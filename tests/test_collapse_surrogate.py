@@ -1,3 +1,4 @@
+import json
 import os
 
 import jax
@@ -80,3 +81,25 @@ def test_sample_curve_has_the_requested_noise():
     _, noisy_T = surrogate.sample_curve(jax.random.key(1), 4000, 0.1, 1.0, 3.0, 0.05)
     assert float(clean_T[-1]) == pytest.approx(3.0, rel=1e-6) and float(frac_T[-1]) == 1.0
     assert np.std(np.asarray(noisy_T) / np.asarray(clean_T) - 1.0) == pytest.approx(0.05, rel=0.05)
+
+
+def test_mae_per_curve_scores_given_constants_like_the_fit():
+    family = _grid_family(TRUTH, noise=0.002)
+    fit = surrogate.fit_surrogate(*family)
+    np.testing.assert_allclose(surrogate.mae_per_curve(fit.constants, *family), fit.mae_C, rtol=1e-5)
+    assert surrogate.mae_per_curve(TRUTH, *_grid_family(TRUTH, noise=0.0)).max() < 1e-6
+    wrong = surrogate.SurrogateConstants(TRUTH.b_c * 2, TRUTH.b_e, TRUTH.q_c, TRUTH.q_e)
+    assert surrogate.mae_per_curve(wrong, *family).min() > 0.01
+
+
+def test_the_shipped_default_loads_with_its_provenance():
+    assert surrogate.surrogate_path("default") == surrogate.default_surrogate_path()
+    assert surrogate.surrogate_path("my.json") == "my.json"
+    constants = surrogate.default_surrogate()
+    data = json.load(open(surrogate.default_surrogate_path()))
+    assert data["format"] == surrogate.FORMAT and constants == surrogate.load_surrogate(surrogate.default_surrogate_path())
+    prov = data["provenance"]
+    assert {"created", "machine", "commit", "command", "grid", "mae_per_size"} <= set(prov)
+    assert len(data["curves"]) >= 4 and all({"tau", "tpp", "mae"} <= set(c) for c in data["curves"])
+    assert 0 < data["mae"] < 0.1 and len(set(c["tau"] for c in data["curves"])) > 1
+    assert all(np.isfinite([constants.b_c, constants.b_e, constants.q_c, constants.q_e]))

@@ -20,8 +20,11 @@ def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
     assert len({p.n_params for p in tau_plans}) == 3
     tokens = [p.tokens for p in naive_plans]
     assert max(tokens) / min(tokens) < 1.01
-    assert {p.weight_decay for p in naive_plans} == {0.1}
+    assert {p.weight_decay for p in naive_plans} == {1.0}
     assert max(p.tau for p in naive_plans) / min(p.tau for p in naive_plans) > 1.5
+    seeds = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params)["train"].seed for run in runs}
+    assert len({seeds[f"tau/{s}"] for s in demo.SIZES}) == 3  # no shared batch order within a family
+    assert all(seeds[f"tau/{s}"] == seeds[f"naive/{s}"] for s in demo.SIZES)
 
 
 def _fake_run(workdir, shape_scale, final, n_params, tau):

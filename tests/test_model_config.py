@@ -53,3 +53,13 @@ def test_auto_compute_dtype_is_float32_on_cpu_and_explicit_values_stay():
     assert ModelConfig().compute_dtype == "auto"
     assert ModelConfig().dtype == "float32"  # the test machine is a CPU
     assert ModelConfig(compute_dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_auto_kernels_are_the_cpu_ones_on_cpu_and_explicit_values_stay():
+    assert ModelConfig().attention_impl == "auto" and ModelConfig().dense_backward == "auto"
+    assert ModelConfig().attention_kernel == "blocked"  # the test machine is a CPU
+    assert ModelConfig().dense_backward_kernel == "transposed"
+    assert ModelConfig(attention_impl="xla").attention_kernel == "xla"
+    assert ModelConfig(dense_backward="plain").dense_backward_kernel == "plain"
+    with pytest.raises(ConfigError, match="dense_backward"):
+        ModelConfig(dense_backward="fast")

@@ -145,3 +145,18 @@ def test_too_long_input_is_a_config_error():
     params = transformer.init_params(cfg, jax.random.key(0))
     with pytest.raises(ConfigError, match="max_seq_len"):
         transformer.apply(cfg, params, jnp.zeros((1, cfg.max_seq_len + 1), jnp.int32))
+
+
+@pytest.mark.parametrize("positions,seq_len", [("alibi", 8), ("alibi", 7), ("rope", 7), ("learned", 8)])
+def test_cpu_kernels_compute_the_same_loss_and_gradients(positions, seq_len):
+    """Blocked attention and the transposed Dense backward against XLA's attention and plain backward."""
+    fast = _cfg(positions=positions, max_seq_len=seq_len, attention_impl="blocked", dense_backward="transposed")
+    plain = _cfg(positions=positions, max_seq_len=seq_len, attention_impl="xla", dense_backward="plain")
+    params = transformer.init_params(fast, jax.random.key(0))
+    tokens, targets = _tokens(fast), _tokens(fast, seed=2)
+    loss_fn = lambda c: lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]  # noqa: E731
+    loss_a, grads_a = jax.jit(jax.value_and_grad(loss_fn(fast)))(params)
+    loss_b, grads_b = jax.jit(jax.value_and_grad(loss_fn(plain)))(params)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -2,6 +2,7 @@
 
 Modules: `curves` (the shared jnp math), `family` (size-drift-aware reference), `surrogate` (the paper's
 curve model and its fit), `loading` (curve files and controls), `reference` (reference JSON), `compare`
-(quality tables and figures of finished runs), `monitor` (the in-loop monitor), `commands`
-(`celerity collapse ...`). See README.md beside this file.
+(quality tables and figures of finished runs), `monitor` (the in-loop monitor), `detectors` (a raw-loss
+z-score detector, the baseline the alert is measured against), `commands` (`celerity collapse ...`).
+See README.md beside this file.
 """

@@ -30,7 +30,8 @@ def add_commands(subparsers) -> None:
     p = sub.add_parser("reference", help="build a reference JSON from finished curves or the surrogate")
     p.add_argument("curves", nargs="*", metavar="CURVE")
     p.add_argument("--out", required=True)
-    p.add_argument("--surrogate", help="surrogate JSON (from `collapse fit`) instead of curves")
+    p.add_argument("--surrogate", help="surrogate JSON (from `collapse fit`) instead of curves; 'default' for "
+                                       "the constants shipped with the package (fitted to tiny CPU runs)")
     p.add_argument("--tau", type=float)
     p.add_argument("--tpp", type=float)
     p.add_argument("--schedule")
@@ -103,8 +104,10 @@ def cmd_reference(args) -> int:
         if args.curves:
             raise ConfigError("give either CURVEs or --surrogate, not both")
         controls = loading.Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac)
-        ref = reference.reference_from_surrogate(surrogate.load_surrogate(args.surrogate), controls,
-                                                 cfg.n_bins, args.surrogate)
+        path = surrogate.surrogate_path(args.surrogate)
+        ref = reference.reference_from_surrogate(surrogate.load_surrogate(path), controls, cfg.n_bins, path)
+        for note in surrogate.fit_range_notes(path, controls.tau, controls.tpp):
+            print(f"note: {note}")
     else:
         if not args.curves:
             raise ConfigError("give the finished CURVEs (seeds of one size) or --surrogate")
@@ -214,28 +217,14 @@ def cmd_compare(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    import numpy as np
-    from celerity_jax.collapse import curves, loading, reference, surrogate
+    from celerity_jax.collapse import loading, reference, surrogate
 
     cfg = _config(args)
     _check_out(args.out, args.curves)
     runs = [loading.load_curve(c) for c in args.curves]
-    frac_G = curves.bin_centers(cfg.n_bins)
-    curves_C, eta_C, eta_end_C, info = [], [], [], []
-    for run in runs:
-        c = run.controls
-        missing = [n for n in ("tau", "tpp", "schedule") if getattr(c, n) is None]
-        if missing:
-            raise ConfigError(f"{run.source}: the fit needs the controls {missing}; add them to the sidecar "
-                              "JSON or use a run directory")
-        curves_C.append(reference.normalize_run(run, cfg.n_bins, cfg.smooth_bins)[0])
-        eta_G, eta_end = surrogate.schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0)
-        eta_C.append(np.asarray(eta_G))
-        eta_end_C.append(float(eta_end))
-        info.append({"curve": run.source, **c.to_dict()})
-    tau_C = np.array([r.controls.tau for r in runs])
-    tpp_C = np.array([r.controls.tpp for r in runs])
-    fit = surrogate.fit_surrogate(np.stack(curves_C), frac_G, np.stack(eta_C), np.array(eta_end_C), tau_C, tpp_C)
+    inputs = reference.surrogate_inputs(runs, cfg.n_bins, cfg.smooth_bins)
+    info, tau_C, tpp_C = inputs.info, inputs.tau_C, inputs.tpp_C
+    fit = surrogate.fit_surrogate(*inputs.arrays())
     surrogate.save_surrogate(fit, info, (0.2, 1.0), _provenance(), args.out)
     k = fit.constants
     print(f"b = {k.b_c:.4g}·τ^{k.b_e:.3f}   q = {k.q_c:.4g}·TPP^{k.q_e:.3f}")

@@ -50,6 +50,47 @@ def normalize_run(run: Curve, n_bins: int, smooth_bins: int, offset: float = 0.0
     return np.asarray(curves.normalize(mean_G, mean_G[-1], offset)), float(mean_G[-1])
 
 
+@dataclasses.dataclass(frozen=True)
+class SurrogateInputs:
+    """Finished runs prepared for the surrogate: normalized curves and schedules on one t̂ grid."""
+    curves_CxG: np.ndarray
+    frac_G: np.ndarray
+    eta_CxG: np.ndarray
+    eta_end_C: np.ndarray
+    tau_C: np.ndarray
+    tpp_C: np.ndarray
+    info: list[dict]   # per curve: its source and controls
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The positional arguments of surrogate.fit_surrogate (after the constants, of mae_per_curve)."""
+        return self.curves_CxG, self.frac_G, self.eta_CxG, self.eta_end_C, self.tau_C, self.tpp_C
+
+    def take(self, index) -> "SurrogateInputs":
+        """The curves at `index` (an index array or boolean mask)."""
+        index = np.arange(len(self.info))[index]
+        return SurrogateInputs(self.curves_CxG[index], self.frac_G, self.eta_CxG[index], self.eta_end_C[index],
+                               self.tau_C[index], self.tpp_C[index], [self.info[i] for i in index])
+
+
+def surrogate_inputs(runs: list[Curve], n_bins: int, smooth_bins: int) -> SurrogateInputs:
+    """Normalizes finished runs and evaluates their schedules on the grid; ConfigError if a control is missing."""
+    frac_G = curves.bin_centers(n_bins)
+    curves_C, eta_C, eta_end_C = [], [], []
+    for run in runs:
+        c = run.controls
+        missing = [n for n in ("tau", "tpp", "schedule") if getattr(c, n) is None]
+        if missing:
+            raise ConfigError(f"{run.source}: the surrogate needs the controls {missing}; add them to the "
+                              "sidecar JSON or use a run directory")
+        curves_C.append(normalize_run(run, n_bins, smooth_bins)[0])
+        eta_G, eta_end = surrogate.schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0)
+        eta_C.append(np.asarray(eta_G))
+        eta_end_C.append(float(eta_end))
+    return SurrogateInputs(np.stack(curves_C), np.asarray(frac_G), np.stack(eta_C), np.array(eta_end_C),
+                           np.array([r.controls.tau for r in runs]), np.array([r.controls.tpp for r in runs]),
+                           [{"curve": r.source, **r.controls.to_dict()} for r in runs])
+
+
 def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offset: float = 0.0,
                           force: bool = False) -> Reference:
     """Seed-averaged normalized curve of finished runs of one size with the same controls."""
@@ -80,6 +121,11 @@ def reference_from_surrogate(constants: surrogate.SurrogateConstants, controls: 
     eta_G, eta_end = surrogate.schedule_on_grid(frac_G, controls.schedule, controls.warmup_frac or 0.0)
     curve_G = surrogate.surrogate_curve(frac_G, eta_G, eta_end, constants.b(controls.tau),
                                         constants.q(controls.tpp))
+    if not bool(jnp.all(jnp.isfinite(curve_G)) and jnp.all(curve_G > 0)):
+        raise ConfigError(f"the surrogate {source or dataclasses.asdict(constants)} gives no finite positive curve "
+                          f"at τ = {controls.tau:g}, TPP = {controls.tpp:g} (b = {constants.b(controls.tau):.3g}, "
+                          f"q = {constants.q(controls.tpp):.3g}); these controls are probably far outside the "
+                          "runs it was fitted on: fit it on runs nearer to them (`celerity collapse fit`)")
     provenance = {"kind": "surrogate", "constants": dataclasses.asdict(constants), "source": source,
                   "n_bins": n_bins, "created": _now()}
     return Reference(frac_G, np.asarray(curve_G), None, controls, 0.0, None, provenance)

@@ -8,6 +8,7 @@ fitted by mean absolute error over t̂ ∈ [0.2, 1]: a grid over (b_c, b_e) with
 
 import dataclasses
 import functools
+import importlib.resources
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,9 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
 
 FORMAT = "celerity-collapse-surrogate/1"
+# `--surrogate default` names the constants shipped with the package (fitted by experiments/surrogate/).
+DEFAULT = "default"
+DEFAULT_FILE = "default_surrogate.json"
 EPS1 = 0.001
 EPS2 = 0.1
 M = 0.05
@@ -71,6 +75,23 @@ def _mae_per_curve(curves_CxG, frac_G, eta_CxG, eta_end_C, b_QxC, q_QxC):
     return jax.lax.map(one, (b_QxC, q_QxC))
 
 
+def _in_range(curves_CxG, frac_G, eta_CxG, eta_end_C, lo: float, hi: float) -> tuple[jax.Array, ...]:
+    keep_G = (np.asarray(frac_G) >= lo) & (np.asarray(frac_G) <= hi)
+    return (jnp.asarray(np.asarray(curves_CxG)[:, keep_G], jnp.float32),
+            jnp.asarray(np.asarray(frac_G)[keep_G], jnp.float32),
+            jnp.asarray(np.asarray(eta_CxG)[:, keep_G], jnp.float32), jnp.asarray(eta_end_C, jnp.float32))
+
+
+def mae_per_curve(constants: SurrogateConstants, curves_CxG: np.ndarray, frac_G: np.ndarray,
+                  eta_CxG: np.ndarray, eta_end_C: np.ndarray, tau_C: np.ndarray, tpp_C: np.ndarray,
+                  lo: float = 0.2, hi: float = 1.0) -> np.ndarray:
+    """MAE over t̂ ∈ [lo, hi] of each curve under the given constants (e.g. on curves not fitted)."""
+    b_C = np.array([constants.b(t) for t in np.asarray(tau_C, float)])
+    q_C = np.array([constants.q(p) for p in np.asarray(tpp_C, float)])
+    return np.asarray(_mae_per_curve(*_in_range(curves_CxG, frac_G, eta_CxG, eta_end_C, lo, hi),
+                                     jnp.asarray(b_C[None], jnp.float32), jnp.asarray(q_C[None], jnp.float32)))[0]
+
+
 def fit_surrogate(curves_CxG: np.ndarray, frac_G: np.ndarray, eta_CxG: np.ndarray, eta_end_C: np.ndarray,
                   tau_C: np.ndarray, tpp_C: np.ndarray, lo: float = 0.2, hi: float = 1.0,
                   grid: int = 21, rounds: int = 12, zoom: float = 0.7) -> SurrogateFit:
@@ -80,9 +101,7 @@ def fit_surrogate(curves_CxG: np.ndarray, frac_G: np.ndarray, eta_CxG: np.ndarra
     fixed, each centred on the best point so far; the grids' half-widths shrink by `zoom` per round.
     An exponent is held at 0 when all curves share its control (one τ or one TPP cannot identify it).
     """
-    keep_G = (frac_G >= lo) & (frac_G <= hi)
-    data = (jnp.asarray(curves_CxG[:, keep_G], jnp.float32), jnp.asarray(frac_G[keep_G], jnp.float32),
-            jnp.asarray(eta_CxG[:, keep_G], jnp.float32), jnp.asarray(eta_end_C, jnp.float32))
+    data = _in_range(curves_CxG, frac_G, eta_CxG, eta_end_C, lo, hi)
     log_tau_C, log_tpp_C = np.log(np.asarray(tau_C, float)), np.log(np.asarray(tpp_C, float))
 
     def mae_QxC(theta_Qx4: np.ndarray) -> np.ndarray:
@@ -138,3 +157,30 @@ def load_surrogate(path: str) -> SurrogateConstants:
         return SurrogateConstants(**{k: float(data["constants"][k]) for k in ("b_c", "b_e", "q_c", "q_e")})
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"{path}: malformed surrogate constants ({e!r}); refit it") from e
+
+
+def fit_range_notes(path: str, tau: float, tpp: float) -> list[str]:
+    """Notes when τ or TPP lie outside the values of the curves the surrogate in `path` was fitted on."""
+    fitted = read_json(path, FORMAT, "celerity collapse fit").get("curves", [])
+    notes = []
+    for name, value in (("tau", tau), ("tpp", tpp)):
+        values = [c[name] for c in fitted if isinstance(c, dict) and isinstance(c.get(name), int | float)]
+        if values and not min(values) <= value <= max(values):
+            notes.append(f"{name} = {value:g} is outside the fitted runs' range [{min(values):g}, {max(values):g}] "
+                         f"of {path}; the surrogate extrapolates")
+    return notes
+
+
+def default_surrogate_path() -> str:
+    """The surrogate file shipped with the package (see its "provenance")."""
+    return str(importlib.resources.files("celerity_jax.collapse") / DEFAULT_FILE)
+
+
+def surrogate_path(name: str) -> str:
+    """`default` → the shipped file; anything else is a path."""
+    return default_surrogate_path() if name == DEFAULT else name
+
+
+def default_surrogate() -> SurrogateConstants:
+    """The shipped constants, fitted to the project's tiny runs (not to LLM-scale runs)."""
+    return load_surrogate(default_surrogate_path())

@@ -9,7 +9,8 @@ MLPS = ("squared_relu", "swiglu", "gelu")
 POSITIONS = ("alibi", "rope", "learned")
 PARAMETRIZATIONS = ("completep", "mup", "standard")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
-ATTENTION_IMPLS = ("xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn")
+DENSE_BACKWARDS = ("auto", "plain", "transposed")
 REMATS = ("none", "full", "dots")
 
 
@@ -44,7 +45,12 @@ class ModelConfig:
     alpha_input: float = 9.17
     alpha_output: float = 1.095
     compute_dtype: str = "auto"  # "auto": bfloat16 on accelerators, float32 on CPU
-    attention_impl: str = "xla"  # "cudnn" asks jax.nn.dot_product_attention for the fused GPU kernel
+    # How attention and the Dense backward are computed; the function is the same up to float rounding.
+    # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "xla" (XLA's
+    # jax.nn.dot_product_attention) elsewhere; "cudnn" asks for the fused GPU kernel.
+    attention_impl: str = "auto"
+    # dense_backward "auto": "transposed" (weight gradient as a plain GEMM, `matmul.py`) on CPU, "plain" elsewhere.
+    dense_backward: str = "auto"
     scan_layers: bool = False
     remat: str = "none"
 
@@ -59,6 +65,24 @@ class ModelConfig:
         import jax
 
         return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+    @property
+    def attention_kernel(self) -> str:
+        """attention_impl with "auto" resolved for the default JAX backend."""
+        if self.attention_impl != "auto":
+            return self.attention_impl
+        import jax
+
+        return "blocked" if jax.default_backend() == "cpu" else "xla"
+
+    @property
+    def dense_backward_kernel(self) -> str:
+        """dense_backward with "auto" resolved for the default JAX backend."""
+        if self.dense_backward != "auto":
+            return self.dense_backward
+        import jax
+
+        return "transposed" if jax.default_backend() == "cpu" else "plain"
 
     @property
     def d_ff(self) -> int:
@@ -78,7 +102,8 @@ class ModelConfig:
                 _fail(name, value, "must be a positive number")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
                               ("parametrization", PARAMETRIZATIONS), ("compute_dtype", COMPUTE_DTYPES),
-                              ("attention_impl", ATTENTION_IMPLS), ("remat", REMATS)):
+                              ("attention_impl", ATTENTION_IMPLS), ("dense_backward", DENSE_BACKWARDS),
+                              ("remat", REMATS)):
             value = getattr(self, name)
             if value not in allowed:
                 _fail(name, value, f"is not a known option; use one of {', '.join(allowed)}")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import completep, positions
+from celerity_jax.model import attention, completep, matmul, positions
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
@@ -35,8 +35,9 @@ class Norm(nn.Module):
 
 
 def _dense(cfg: ModelConfig, features: int, name: str) -> nn.Dense:
+    dot_general = matmul.transposed_grad_dot_general if cfg.dense_backward_kernel == "transposed" else None
     return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=_unit_normal, dtype=cfg.dtype,
-                    param_dtype=jnp.float32, name=name)
+                    param_dtype=jnp.float32, dot_general=dot_general, name=name)
 
 
 class Attention(nn.Module):
@@ -50,17 +51,22 @@ class Attention(nn.Module):
         q_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "q")(x_BxLxD))
         k_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "k")(x_BxLxD))
         v_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "v")(x_BxLxD))
-        bias = None
+        scale = completep.forward_multipliers(cfg)["attention"]
         if cfg.positions == "rope":
             q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta)
             k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta)
-        elif cfg.positions == "alibi":
-            bias = positions.alibi_bias(cfg.n_heads, l)
-            if cfg.attention_impl == "cudnn":  # the fused kernel wants the bias in the input dtype
-                bias = bias.astype(q_BxLxHxK.dtype)
-        out_BxLxHxK = jax.nn.dot_product_attention(
-            q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
-            scale=completep.forward_multipliers(cfg)["attention"], implementation=cfg.attention_impl)
+        if cfg.attention_kernel == "blocked":
+            slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
+            out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
+                                                     alibi_slopes_H=slopes_H)
+        else:
+            bias = None
+            if cfg.positions == "alibi":
+                bias = positions.alibi_bias(cfg.n_heads, l)
+                if cfg.attention_kernel == "cudnn":  # the fused kernel wants the bias in the input dtype
+                    bias = bias.astype(q_BxLxHxK.dtype)
+            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
+                                                       scale=scale, implementation=cfg.attention_kernel)
         return _dense(cfg, d, "o")(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
 
 

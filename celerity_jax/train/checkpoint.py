@@ -4,6 +4,7 @@ A checkpoint holds two items: `state` (params, optimizer state, step, collapse-m
 pytree) and `data` (the JSON state of the data iterator). When the newest checkpoints are unreadable
 and an older one restores, the unreadable ones are moved aside to `<workdir>/corrupt-checkpoint-<step>-
 <time>` (never deleted). When none restores, nothing is moved and the run stops with an explanation.
+Another run's checkpoints (TrainConfig.init_from) are only read (`checkpoint_steps`, `read_checkpoint`).
 """
 
 import os
@@ -12,9 +13,54 @@ import time
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 
 from celerity_jax.errors import ConfigError
+
+
+def _abstract(like_state):
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like_state)
+
+
+def _read_only_manager(directory: str) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that the directory is read-only: intended
+    try:
+        return ocp.CheckpointManager(os.path.abspath(directory), options=options, item_names=("state", "data"))
+    finally:
+        absl_logging.set_verbosity(verbosity)
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+    """Steps of the checkpoints in `directory` (read-only; [] when there is none)."""
+    if not os.path.isdir(directory):
+        return []
+    manager = _read_only_manager(directory)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def read_checkpoint(directory: str, step: int, like_state=None):
+    """(state, data_state) of the checkpoint at `step`, read-only: nothing in `directory` is moved or
+    written. With `like_state` None only the data-iterator state is read (state is None)."""
+    manager = _read_only_manager(directory)
+    items = {"data": ocp.args.JsonRestore()}
+    if like_state is not None:
+        items["state"] = ocp.args.StandardRestore(_abstract(like_state))
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as e:  # orbax raises many types for truncated files or mismatched shapes
+        raise ConfigError(f"cannot read the checkpoint at step {step} in {directory} ({type(e).__name__}: "
+                          f"{str(e)[:300]}); check that it is complete and was written by a run of the same "
+                          "model") from e
+    finally:
+        manager.close()
+    return restored["state"] if like_state is not None else None, restored["data"]
 
 
 class Checkpointer:
@@ -37,8 +83,7 @@ class Checkpointer:
 
     def restore_latest(self, like_state, log=print):
         """Returns (step, state, data_state) of the newest readable checkpoint, or None if there is none."""
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), like_state)
+        abstract = _abstract(like_state)
         failed = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:

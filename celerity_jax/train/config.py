@@ -35,6 +35,11 @@ class TrainConfig:
     collapse_reference: tuple[str, ...] = ()
     # Use references whose controls (TPP, tau, schedule) differ from the run's.
     force_reference: bool = False
+    # Start this (new) run from another run's checkpoint: its run directory (newest checkpoint) or one
+    # checkpoint, `<run>/checkpoints/<step>`. Params, optimizer moments, step, monitor curve and data
+    # position carry over; this run's config (e.g. a new weight decay) applies from there on. Used only
+    # while the workdir has no checkpoint of its own (see celerity_jax/train/init_from.py).
+    init_from: str = ""
 
     def __post_init__(self):
         if len(self.mesh_shape) != 3 or list(self.mesh_shape).count(-1) > 1 or any(

@@ -1,7 +1,8 @@
 """`train()`: plan, check, build, restore, then run the jitted step with logging and checkpoints.
 
 Run directory layout: config.gin (operative gin config), plan.json, run.json (what identifies the run),
-TensorBoard events, curve.csv (step, tokens, frac, loss), checkpoints/.
+TensorBoard events, curve.csv (step, tokens, frac, loss), checkpoints/, and init_from.json in a run started
+from another run's checkpoint (TrainConfig.init_from, see init_from.py).
 """
 
 import dataclasses
@@ -24,8 +25,9 @@ from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_text_atomic
 from celerity_jax.model import completep, transformer
+from celerity_jax.train import init_from
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.checkpoint import Checkpointer
+from celerity_jax.train.checkpoint import Checkpointer, checkpoint_steps
 from celerity_jax.train.config import TrainConfig, peak_flops_per_device
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
@@ -146,7 +148,16 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
                                                  process_count=jax.process_count())
 
     identity = run_identity(configs, plan)
-    if check_workdir(workdir, identity, force_new) and is_chief:
+    archive = check_workdir(workdir, identity, force_new)
+    source = None
+    if train_cfg.init_from:
+        if archive or not checkpoint_steps(os.path.join(workdir, "checkpoints")):
+            source = init_from.open_source(train_cfg.init_from)
+            init_from.check_compatible(source, identity, model_cfg)
+            init_from.set_data_position(data_it, source)
+        else:
+            log(f"TrainConfig.init_from is set but {workdir} holds checkpoints of its own: resuming from them")
+    if archive and is_chief:
         archive_workdir(workdir, log)
     multihost_utils.sync_global_devices("celerity_workdir")
     if is_chief:
@@ -178,6 +189,12 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         start_step, state, data_state = restored
         data_it.set_state(data_state)
         log(f"resumed from the checkpoint at step {start_step} in {workdir}/checkpoints")
+    elif source is not None:
+        state, start_step = init_from.restore_state(source, state), source.step
+        differences = _diff(source.identity, identity)
+        if is_chief:
+            init_from.start_run_dir(source, workdir, differences, plan.steps)
+        log(init_from.describe(source, differences, plan.steps))
     eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in eval_batches_np]
 
     train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=train_cfg.microbatches,
@@ -187,9 +204,12 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
 
     tb = TensorBoardWriter(workdir) if is_chief else None
     curve = CurveCSV(os.path.join(workdir, "curve.csv"), start_step) if is_chief else None
-    if tb and operative_config and start_step == 0:
-        tb.text(0, "config/operative_gin", "    " + operative_config.replace("\n", "\n    "))
-        tb.text(0, "config/plan", "    " + plan.to_json().replace("\n", "\n    "))
+    if tb and operative_config and (start_step == 0 or source is not None):
+        tb.text(start_step, "config/operative_gin", "    " + operative_config.replace("\n", "\n    "))
+        tb.text(start_step, "config/plan", "    " + plan.to_json().replace("\n", "\n    "))
+    if tb and source is not None:
+        tb.text(start_step, "config/init_from", "    " + init_from.describe(source, differences, plan.steps)
+                .replace("\n", "\n    "))
     progress = Progress(plan.steps, start_step, quiet=not is_chief)
     peak = peak_flops_per_device(jax.devices()[0].device_kind, train_cfg.peak_flops_per_sec) * jax.device_count()
     if reference_G is None:
@@ -202,6 +222,8 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     last_step = min(plan.steps, train_cfg.stop_at_step or plan.steps)
     pending, loss_ema = [], _LossEMA(train_cfg.loss_ema)
     summary = {"workdir": workdir, "start_step": start_step, "steps": plan.steps, "stopped": "finished"}
+    if source is not None:
+        summary["init_from"] = os.path.join(source.checkpoints_dir, str(source.step))
     t_log, step_at_log = time.time(), start_step
     step = start_step
     try:

@@ -51,6 +51,7 @@ from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.loss import cross_entropy
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import TrainConfig
+from celerity_jax.train.loop import write_log_step
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 BIG_SEQ_LEN, BIG_BATCH = 2048, 16  # the 300m shape on an accelerator
@@ -139,13 +140,7 @@ def log_step_seconds(state, metrics, plan, log_every: int) -> float:
             values = {k: float(v) for k, v in jax.device_get(metrics).items()}
             collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
             values.update({k: float(v) for k, v in collapse.items()})
-            first = step - len(losses) + 1
-            curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
-                          for i, loss in enumerate(losses)])
-            for i, loss in enumerate(losses[:-1]):
-                tb.scalars(first + i, {"train/loss": loss})
-            tb.scalars(step, values)
-            tb.flush()
+            write_log_step(tb, curve, plan, step, losses, values)
             progress.update(step, {"loss": values["train/loss"]})
 
         once(log_every)

@@ -117,6 +117,19 @@ def _perf_metrics(plan, step_time: float, peak_flops: float) -> dict[str, float]
     return out
 
 
+def write_log_step(tb: TensorBoardWriter, curve: CurveCSV, plan, step: int, losses: np.ndarray,
+                   values: dict[str, float]) -> None:
+    """Writes the steps since the last log (losses[-1] is `step`'s) to curve.csv and TensorBoard, and the
+    log step's metrics."""
+    first = step - len(losses) + 1
+    curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
+                  for i, loss in enumerate(losses)])
+    for i, loss in enumerate(losses[:-1]):
+        tb.scalars(first + i, {"train/loss": loss})
+    tb.scalars(step, values)
+    tb.flush()
+
+
 def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
@@ -250,19 +263,13 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
             values["train/loss_smooth"] = loss_ema.update(losses)
             values["progress/frac"] = step / plan.steps
             values.update(_perf_metrics(plan, (time.time() - t_log) / (step - step_at_log), peak))
-            first = step - len(losses) + 1
             if reference_G is not None:
                 collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
                 values.update({k: float(v) for k, v in collapse.items()})
             if is_eval:
                 values["eval/loss"] = float(np.mean([float(eval_step(state.params, b)) for b in eval_batches]))
             if is_chief:
-                curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
-                              for i, loss in enumerate(losses)])
-                for i, loss in enumerate(losses[:-1]):
-                    tb.scalars(first + i, {"train/loss": loss})
-                tb.scalars(step, values)
-                tb.flush()
+                write_log_step(tb, curve, plan, step, losses, values)
             shown = {name: values[k] for name, k in CONSOLE_METRICS.items() if math.isfinite(values.get(k, math.nan))}
             progress.update(step, shown)
             if values.get("collapse/alert", 0.0) > 0:

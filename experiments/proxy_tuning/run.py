@@ -18,7 +18,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPERIMENTS = os.path.dirname(HERE)
@@ -80,9 +79,10 @@ def _size_files(size: str) -> list[str]:
 
 def final_loss(workdir: str) -> float:
     """Mean training loss over the last 5% of steps (the curve's end, less noisy than one step)."""
-    data = np.loadtxt(os.path.join(workdir, "curve.csv"), delimiter=",", skiprows=1)
-    tail = data[data[:, 2] >= 0.95]
-    return float(tail[:, 3].mean())
+    from celerity_jax.collapse import loading
+
+    run = loading.load_curve(workdir)
+    return float(run.loss_T[run.frac_T >= 0.95].mean())
 
 
 def train_stage(stage: str, root: str) -> None:

@@ -18,7 +18,6 @@ import platform
 import sys
 import time
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPERIMENTS = os.path.dirname(HERE)
 RESULTS_JSON = os.path.join(HERE, "results.json")

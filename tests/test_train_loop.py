@@ -214,6 +214,17 @@ def test_config_errors_stop_before_anything_is_written(tmp_path, params, match):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("workdir, params", [
+    ("gs://bucket/run", ()),
+    ("run", ('TrainConfig.init_from = "gs://bucket/other"',)),
+])
+def test_url_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch, workdir, params):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="URL.*mount"):
+        loop.train(_configs(*params), workdir, log=lambda _: None)
+    assert os.listdir(tmp_path) == []
+
+
 def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path):
     workdir = str(tmp_path / "run")
     loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)

@@ -23,7 +23,7 @@ from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.loading import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import write_text_atomic
+from celerity_jax.fileio import check_local_path, write_text_atomic
 from celerity_jax.model import completep, transformer
 from celerity_jax.train import init_from
 from celerity_jax.train import step as step_lib
@@ -134,6 +134,9 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
           log=print) -> dict:
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
     model_cfg, train_cfg, monitor_cfg = configs.model, configs.train, configs.monitor
+    check_local_path(workdir, "workdir")
+    for path in (train_cfg.init_from, *train_cfg.collapse_reference):
+        check_local_path(path, "a TrainConfig path (init_from, collapse_reference)")
     is_chief = jax.process_index() == 0  # only process 0 writes files and prints
     if not is_chief:
         log = lambda _: None  # noqa: E731

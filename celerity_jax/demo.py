@@ -75,17 +75,14 @@ def demo_runs(sizes: tuple[str, ...], quick: bool) -> list[DemoRun]:
 
 def run_demo(args) -> int:
     from celerity_jax import gin_config
-    from celerity_jax.train.loop import RunConfigs, train
 
     sizes = tuple(s for s in args.sizes.split(",") if s)
     runs = demo_runs(sizes, args.quick)
     timings = {}
     for run in runs:
         print(f"\n== {run.name}")
-        configs = gin_config.parse_gin(run.gin_files, run.gin_params)
         start = time.time()
-        train(RunConfigs(**configs), os.path.join(args.workdir, run.recipe, run.size),
-              operative_config=gin_config.operative_config_str())
+        gin_config.train_from_gin(run.gin_files, run.gin_params, os.path.join(args.workdir, run.recipe, run.size))
         timings[run.name] = time.time() - start
     report = write_report(args.workdir, runs, timings, quick=args.quick)
     print(f"\ncollapse spread (mean |l - family mean| over t̂ in [0.2, 1]): tau {report['tau']['mean_abs_dev']:.4f}, "

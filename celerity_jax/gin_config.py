@@ -73,6 +73,15 @@ def operative_config_str() -> str:
     return gin.operative_config_str()
 
 
+def train_from_gin(gin_files: Sequence[str], gin_params: Sequence[str], workdir: str, **train_kwargs) -> dict:
+    """Parses the run's gin files and bindings and trains (or resumes) it in `workdir`, saving its
+    operative config there; `train_kwargs` go to `celerity_jax.train.loop.train`."""
+    from celerity_jax.train.loop import RunConfigs, train
+
+    configs = RunConfigs(**parse_gin(gin_files, gin_params))
+    return train(configs, workdir, operative_config=operative_config_str(), **train_kwargs)
+
+
 @contextlib.contextmanager
 def _includes_beside(gin_files: Sequence[str]):
     """Lets includes resolve beside the given files during one parse.

@@ -27,12 +27,10 @@ def run_train(args) -> int:
     elif args.distributed:
         jax.distributed.initialize()
     from celerity_jax import gin_config
-    from celerity_jax.train.loop import RunConfigs, TrainingDiverged, train
+    from celerity_jax.train.loop import TrainingDiverged
 
-    configs = gin_config.parse_gin(args.gin_file, args.gin_param)
     try:
-        summary = train(RunConfigs(**configs), args.workdir, operative_config=gin_config.operative_config_str(),
-                        force_new=args.force_new)
+        summary = gin_config.train_from_gin(args.gin_file, args.gin_param, args.workdir, force_new=args.force_new)
     except TrainingDiverged as e:
         print(f"celerity train: {e}", file=sys.stderr)
         return 3

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from celerity_jax import gin_config
@@ -43,3 +45,13 @@ def test_missing_files(tmp_path):
     (tmp_path / "run.gin").write_text("include 'missing.gin'\n")
     with pytest.raises(ConfigError, match="missing.gin.*\n.*beside the including gin file"):
         gin_config.parse_gin([str(tmp_path / "run.gin")])
+
+
+def test_train_from_gin_trains_and_saves_the_operative_config(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = [os.path.join(root, "experiments/tiny/d48.gin"), os.path.join(root, "tests/configs/smoke.gin")]
+    workdir = tmp_path / "run"
+    summary = gin_config.train_from_gin(files, ["TrainConfig.stop_at_step = 5"], str(workdir), log=lambda _: None)
+    assert summary["final_step"] == 5 and summary["stopped"] == "stop_at_step"
+    operative = (workdir / "config.gin").read_text()
+    assert "TrainConfig.stop_at_step = 5" in operative and "ModelConfig.d_model = 48" in operative

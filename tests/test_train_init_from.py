@@ -1,6 +1,5 @@
 """TrainConfig.init_from: a new run directory started from another run's checkpoint (tiny d48, few steps)."""
 
-import csv
 import json
 import os
 
@@ -8,22 +7,12 @@ import jax
 import numpy as np
 import pytest
 
-from celerity_jax import gin_config, optim, recipe
+from celerity_jax import optim, recipe
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, transformer
 from celerity_jax.train import checkpoint, loop, step as step_lib
+from test_train_loop import _configs, _losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
-
-
-def _configs(*params):
-    return loop.RunConfigs(**gin_config.parse_gin(GIN, list(params)))
-
-
-def _curve(workdir):
-    with open(os.path.join(workdir, "curve.csv")) as f:
-        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
 def _state_at(workdir, step, configs):
@@ -59,7 +48,7 @@ def test_a_restart_into_a_new_directory_reproduces_the_source_exactly(source, tm
     assert summary["start_step"] == 10 and summary["final_step"] == 20
     assert any("INIT_FROM: this run starts at step 10" in m and "config equals the source's" in m for m in messages)
     assert _listing(src) == before  # the source is only read
-    assert _curve(workdir) == _curve(src)  # rows 1-10 copied from the source, 11-20 trained here: identical
+    assert _losses(workdir) == _losses(src)  # rows 1-10 copied from the source, 11-20 trained here: identical
     record = json.load(open(os.path.join(workdir, "init_from.json")))
     assert record["step"] == 10 and record["differences"] == []
     configs = _configs()
@@ -82,7 +71,7 @@ def test_a_new_weight_decay_applies_from_the_restart_and_is_logged(source, tmp_p
     state = _state_at(workdir, 20, _configs(f"RecipeConfig.weight_decay = {wrong!r}"))
     assert float(state.opt_state.hyperparams["weight_decay"]) == pytest.approx(wrong)  # not the checkpoint's λ
     assert int(state.step) == 20
-    got, clean = _curve(workdir), _curve(src)
+    got, clean = _losses(workdir), _losses(src)
     assert all(got[s] == clean[s] for s in range(1, 12))  # step 11's loss precedes the first new update
     assert any(got[s] != clean[s] for s in range(12, 21))
     # The run resumes its own checkpoints from now on; init_from is not applied again.

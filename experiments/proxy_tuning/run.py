@@ -86,18 +86,15 @@ def final_loss(workdir: str) -> float:
 
 def train_stage(stage: str, root: str) -> None:
     from celerity_jax import gin_config
-    from celerity_jax.train.loop import RunConfigs, train
 
     results = _load_results()
     for name, (files, params) in stage_runs(stage).items():
         workdir = os.path.join(root, name)
         if name in results and os.path.isfile(os.path.join(workdir, "curve.csv")):
             continue
-        configs = gin_config.parse_gin(files, params)
         start = time.time()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            summary = train(RunConfigs(**configs), workdir, operative_config=gin_config.operative_config_str(),
-                            log=lambda _: None)
+            summary = gin_config.train_from_gin(files, params, workdir, log=lambda _: None)
         plan = json.load(open(os.path.join(workdir, "plan.json")))
         results[name] = {"params": params, "n_params": plan["n_params"], "tpp": plan["tpp"], "tau": plan["tau"],
                          "steps": plan["steps"], "final_loss": final_loss(workdir), "seconds": time.time() - start,

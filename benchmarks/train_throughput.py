@@ -24,7 +24,7 @@ matmul timed beside it.
 
     .venv/bin/python benchmarks/train_throughput.py [--quick] [--sizes 128,256,512] [--seq-len 256]
         [--batch 16] [--steps 6] [--levers] [--no-fast-dense] [--no-blocked-attention] [--no-mallopt]
-        [--out bench_out/train_throughput.json]
+        [--scan-layers] [--profile DIR] [--out bench_out/train_throughput.json]
 """
 
 import argparse
@@ -63,6 +63,8 @@ def model_config(size: str, args) -> ModelConfig:
     for lever, off in LEVERS.items():
         if getattr(args, f"no_{lever}"):
             overrides.update(off)
+    if args.scan_layers:
+        overrides["scan_layers"] = True
     if size == "300m":
         overrides["scan_layers"] = True
         if jax.default_backend() == "gpu":
@@ -92,18 +94,24 @@ def matmul_peak(n: int):
     dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     a_NxN = jax.random.normal(jax.random.key(1), (n, n), dtype)
     b_NxN = jax.random.normal(jax.random.key(2), (n, n), dtype)
-    f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-    jax.block_until_ready(f(a_NxN, b_NxN))
-    return (lambda: jax.block_until_ready(f(a_NxN, b_NxN))), 2.0 * n**3
+    # The product is written into a donated buffer, so timing it allocates and frees nothing on the host.
+    f = jax.jit(lambda a, b, _: jnp.dot(a, b, preferred_element_type=jnp.float32), donate_argnums=2)
+    out = [f(a_NxN, b_NxN, jnp.zeros((n, n), jnp.float32))]
+
+    def run():
+        out[0] = jax.block_until_ready(f(a_NxN, b_NxN, out[0]))
+
+    return run, 2.0 * n**3
 
 
 def numpy_matmul(n: int):
     """The same float32 matmul through numpy's BLAS (CPU): on some CPUs faster than XLA's, and then the
     machine's peak. Its idle BLAS threads spin for a while after a call, so rest before timing a step."""
     a_NxN = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    out_NxN = np.empty_like(a_NxN)
 
     def run():
-        a_NxN @ a_NxN
+        np.matmul(a_NxN, a_NxN, out=out_NxN)
 
     return run, 2.0 * n**3
 
@@ -187,13 +195,13 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
 
     k = 1 if jax.default_backend() == "cpu" else 10  # steps per timed repeat: one sync per repeat
 
-    def run_steps(run):
+    def run_steps(run, times: list):
         def go():
             for _ in range(k):
                 run["state"], run["metrics"] = run["step"](run["state"], batch)
             jax.block_until_ready(run["state"])
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        run["times"].append(timed(go) / k)
+        times.append(timed(go) / k)
         run["faults"] += (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / k
 
     peak_times = {name: [] for name in peak_fns}
@@ -203,7 +211,19 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
         if "numpy" in peak_fns:
             time.sleep(0.2)
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):  # alternate the order: none always first
-            run_steps(runs[name])
+            run_steps(runs[name], runs[name]["times"])
+    # The in-loop overhead from real and minimal steps alternated with nothing else in between: switching
+    # between more variants and the matmuls reshuffles the host heap and adds page faults to some steps.
+    pair_times = {"real": [], "minimal": []}
+    for r in range(args.steps):
+        for name in (("real", "minimal") if r % 2 == 0 else ("minimal", "real")):
+            run_steps(runs[name], pair_times[name])
+    if args.profile:
+        real = runs["real"]
+        with jax.profiler.trace(os.path.join(args.profile, f"d{cfg.d_model}")):
+            for _ in range(3):
+                real["state"], real["metrics"] = real["step"](real["state"], batch)
+            jax.block_until_ready(real["state"])
     log_s = log_step_seconds(runs["real"]["state"], runs["real"]["metrics"], plan, args.log_every)
 
     peaks = {name: flops / min(peak_times[name]) for name, (_, flops) in peak_fns.items()}
@@ -214,10 +234,10 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     times = {name: run["times"] for name, run in runs.items()}
     step_s, step_median_s = min(times["real"]), statistics.median(times["real"])
 
-    def paired(slow: str, fast: str) -> float:  # median over repeats of slow/fast − 1, timed side by side
+    def paired(slow: str, fast: str, times=times) -> float:  # median over repeats of slow/fast − 1, side by side
         return statistics.median(a / b - 1.0 for a, b in zip(times[slow], times[fast]))
 
-    in_graph = paired("real", "minimal")
+    in_graph = paired("real", "minimal", pair_times)
     logging = log_s / (args.log_every * step_s)
     return {
         "size": size, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
@@ -234,8 +254,9 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
         "peak_memory_bytes": host_peak_rss_bytes() if jax.default_backend() == "cpu" else device_peak_bytes(),
         "peak_memory_kind": ("host RSS (process, so far)" if jax.default_backend() == "cpu"
                              else "device peak_bytes_in_use"),
-        "page_faults_per_step": runs["real"]["faults"] / args.steps,
-        "minimal_step_s": min(times["minimal"]), "minimal_step_median_s": statistics.median(times["minimal"]),
+        "page_faults_per_step": runs["real"]["faults"] / (2 * args.steps),
+        "minimal_step_s": min(pair_times["minimal"]), "minimal_step_median_s": statistics.median(pair_times["minimal"]),
+        "overhead_step_times_s": pair_times,
         "overhead_in_graph": in_graph,
         "overhead_bytes_accessed": (runs["real"]["bytes_accessed"] / runs["minimal"]["bytes_accessed"] - 1.0
                                     if runs["real"]["bytes_accessed"] and runs["minimal"]["bytes_accessed"] else None),
@@ -275,6 +296,11 @@ def main() -> int:
                         help="ModelConfig.attention_impl = 'xla' (jax.nn.dot_product_attention)")
     parser.add_argument("--no-mallopt", action="store_true",
                         help="leave glibc's allocator as it is (see celerity_jax/hostmem.py)")
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="ModelConfig.scan_layers = True for the ladder shapes (the 300m shape always scans)")
+    parser.add_argument("--profile", default="",
+                        help="also write a jax.profiler trace of 3 real steps per shape under this folder "
+                             "(open it with TensorBoard's profile plugin or xprof)")
     parser.add_argument("--out", default="bench_out/train_throughput.json")
     args = parser.parse_args()
     host_memory = (hostmem.HostMemory({}, "turned off by --no-mallopt") if args.no_mallopt

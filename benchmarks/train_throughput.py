@@ -8,7 +8,8 @@ plus attention), their fraction of the peak, compile time, peak memory and host 
 and writes JSON. It also times a minimal step built from the same pieces (loss,
 gradient, optimizer update; no monitor, no metrics, no non-finite guard) and the trainer's host work at a
 log step (fetching metrics, `monitor_metrics`, TensorBoard and curve.csv writes) to give the in-loop
-overhead of the collapse monitor and logging.
+overhead of the step's bookkeeping (collapse monitor, non-finite guard, metrics) and of logging, and
+XLA's count of bytes accessed by the real step, the minimal one and the monitor update alone.
 
 The CPU speed-ups are on by default, as in the trainer, and each has an A/B switch: `--no-fast-dense`
 (ModelConfig.dense_backward = "plain"), `--no-blocked-attention` (attention_impl = "xla") and
@@ -18,9 +19,12 @@ allocator setting is per process, so compare a run with `--no-mallopt` against o
 
 Shapes: "128", "256", "512" are the tiny byte-vocabulary ladder (4 layers) at that width with
 `--head-dim` heads; "300m" is the celerity-300m preset at sequence 2048 (default on accelerators).
-Steps and peak matmuls are interleaved; a step counts at its fastest repeat (least disturbed by other
-load) against the fastest matmul of the whole run, and, in brackets, at its median against the median
-matmul timed beside it.
+Two phases per shape. First the peak matmuls, the real step and its variants are interleaved (this
+times the peak and each lever's effect side by side). Then real and minimal steps alternate with nothing
+else in between, as steps follow each other in training: this times the step and the in-loop overhead
+(switching between the matmuls and more variants reshuffles the host heap and slows some steps). A step
+counts at its fastest repeat (least disturbed by other load) against the fastest matmul of the whole run,
+and, in brackets, at its median against the median matmul of the first phase.
 
     .venv/bin/python benchmarks/train_throughput.py [--quick] [--sizes 128,256,512] [--seq-len 256]
         [--batch 16] [--steps 6] [--levers] [--no-fast-dense] [--no-blocked-attention] [--no-mallopt]
@@ -193,6 +197,10 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
                       "compile_s": compile_s, "temp_bytes": memory.temp_size_in_bytes if memory else None,
                       "bytes_accessed": (compiled.cost_analysis() or {}).get("bytes accessed")}
 
+    # The collapse monitor's own share of the step's memory traffic: its update compiled alone.
+    update_monitor = jax.jit(monitor_lib.monitor_update).lower(runs["real"]["state"].monitor, 0.0, 0.0).compile()
+    monitor_bytes = (update_monitor.cost_analysis() or {}).get("bytes accessed")
+
     k = 1 if jax.default_backend() == "cpu" else 10  # steps per timed repeat: one sync per repeat
 
     def run_steps(run, times: list):
@@ -212,8 +220,6 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
             time.sleep(0.2)
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):  # alternate the order: none always first
             run_steps(runs[name], runs[name]["times"])
-    # The in-loop overhead from real and minimal steps alternated with nothing else in between: switching
-    # between more variants and the matmuls reshuffles the host heap and adds page faults to some steps.
     pair_times = {"real": [], "minimal": []}
     for r in range(args.steps):
         for name in (("real", "minimal") if r % 2 == 0 else ("minimal", "real")):
@@ -232,7 +238,7 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     tokens = batch_seqs * seq_len
     flops_per_step = params_lib.flops_per_token(cfg, seq_len) * tokens
     times = {name: run["times"] for name, run in runs.items()}
-    step_s, step_median_s = min(times["real"]), statistics.median(times["real"])
+    step_s, step_median_s = min(pair_times["real"]), statistics.median(pair_times["real"])
 
     def paired(slow: str, fast: str, times=times) -> float:  # median over repeats of slow/fast − 1, side by side
         return statistics.median(a / b - 1.0 for a, b in zip(times[slow], times[fast]))
@@ -245,7 +251,8 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
         "compute_dtype": str(jnp.dtype(cfg.dtype)), "attention_kernel": cfg.attention_kernel,
         "dense_backward_kernel": cfg.dense_backward_kernel, "scan_layers": cfg.scan_layers,
         "n_params": params_lib.count_params(cfg), "flops_per_token": params_lib.flops_per_token(cfg, seq_len),
-        "step_s": step_s, "step_median_s": step_median_s, "step_times_s": times["real"],
+        "step_s": step_s, "step_median_s": step_median_s, "step_times_s": pair_times["real"],
+        "interleaved_step_times_s": times,
         "tokens_per_s": tokens / step_s, "tokens_per_s_median": tokens / step_median_s,
         "model_flops_per_s": flops_per_step / step_s, "row_peak_flops_per_s": peak,
         **{f"matmul_{name}_flops_per_s": value for name, value in peaks.items()},
@@ -256,13 +263,16 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
                              else "device peak_bytes_in_use"),
         "page_faults_per_step": runs["real"]["faults"] / (2 * args.steps),
         "minimal_step_s": min(pair_times["minimal"]), "minimal_step_median_s": statistics.median(pair_times["minimal"]),
-        "overhead_step_times_s": pair_times,
+        "minimal_step_times_s": pair_times["minimal"],
         "overhead_in_graph": in_graph,
         "overhead_bytes_accessed": (runs["real"]["bytes_accessed"] / runs["minimal"]["bytes_accessed"] - 1.0
                                     if runs["real"]["bytes_accessed"] and runs["minimal"]["bytes_accessed"] else None),
+        "monitor_bytes_fraction": (monitor_bytes / runs["real"]["bytes_accessed"]
+                                   if monitor_bytes and runs["real"]["bytes_accessed"] else None),
         "log_step_s": log_s, "log_every": args.log_every, "overhead_logging": logging,
         "overhead": in_graph + logging,
-        "levers": {name[3:]: {"step_s": min(times[name]), "slowdown_if_off": min(times[name]) / step_s - 1.0,
+        "levers": {name[3:]: {"step_s": min(times[name]), "step_s_with": min(times["real"]),
+                              "slowdown_if_off": min(times[name]) / min(times["real"]) - 1.0,
                               "slowdown_if_off_paired_median": paired(name, "real")}
                    for name in runs if name.startswith("no_")},
     }
@@ -343,12 +353,16 @@ def main() -> int:
               f"{row['compile_s']:9.1f} {row['peak_memory_bytes'] / 2**20:8.0f} "
               f"{row['page_faults_per_step']:7.0f} {100 * row['overhead']:7.1f}% "
               f"({100 * row['overhead_in_graph']:+.1f}+{100 * row['overhead_logging']:.2f})")
+        if row["overhead_bytes_accessed"] is not None and row["monitor_bytes_fraction"] is not None:
+            print(f"{'':>24s} XLA bytes accessed: real step {100 * row['overhead_bytes_accessed']:+.1f}% over the minimal "
+                  f"one; the monitor update alone {row['monitor_bytes_fraction']:.1e} of the real step's")
         for lever, effect in row["levers"].items():
-            print(f"{'':>24s} without {lever}: step {1e3 * effect['step_s']:.1f} ms, "
+            print(f"{'':>24s} without {lever}: step {1e3 * effect['step_s']:.1f} ms against "
+                  f"{1e3 * effect['step_s_with']:.1f} ms with it in the same rotation, "
                   f"{100 * effect['slowdown_if_off']:+.1f}% (paired median {100 * effect['slowdown_if_off_paired_median']:+.1f}%)")
     load = os.getloadavg()[0]
-    print(f"fastest of {args.steps} steps against the fastest matmul of the run (in brackets: median step against the "
-          f"median matmul timed beside it); overhead: real step over a minimal one (loss, gradient, update) as the "
+    print(f"fastest of {args.steps} back-to-back steps against the fastest matmul of the run (in brackets: median "
+          f"step against the median matmul); levers: timed in the interleaved rotation; overhead: real step over a minimal one (loss, gradient, update) as the "
           f"median of paired repeats, plus the host work of a log step every {args.log_every} steps; faults: host page "
           f"faults per step; mem: {'peak host RSS of the process so far' if cpu else 'device peak'}; "
           f"load average now {load:.1f}")

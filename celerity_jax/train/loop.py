@@ -135,8 +135,9 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     """Trains (or resumes) the run in `workdir`; returns a summary dict."""
     model_cfg, train_cfg, monitor_cfg = configs.model, configs.train, configs.monitor
     check_local_path(workdir, "workdir")
-    for path in (train_cfg.init_from, *train_cfg.collapse_reference):
-        check_local_path(path, "a TrainConfig path (init_from, collapse_reference)")
+    check_local_path(train_cfg.init_from, "TrainConfig.init_from")
+    for path in train_cfg.collapse_reference:
+        check_local_path(path, "TrainConfig.collapse_reference")
     is_chief = jax.process_index() == 0  # only process 0 writes files and prints
     if not is_chief:
         log = lambda _: None  # noqa: E731

@@ -79,7 +79,7 @@ def train_until(size: str, params: list[str], run_dir: str, until: int, total: i
     name = os.path.relpath(run_dir, workdir)
     print(f"\n== {name} (to step {until} of {total})", flush=True)
     start = time.time()
-    gin_config.train_from_gin(gin_files(size), params + stop, run_dir)
+    loop.train(configs, run_dir, operative_config=gin_config.operative_config_str())
     timings = read_timings(workdir)
     timings[name] = timings.get(name, 0.0) + time.time() - start
     write_json_atomic(os.path.join(workdir, "timings.json"), timings)

@@ -91,6 +91,7 @@ def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, 
     """Trains what is not finished; returns the training seconds recorded for each run."""
     from celerity_jax import gin_config
     from celerity_jax.fileio import write_json_atomic
+    from celerity_jax.train.loop import RunConfigs, train
 
     timings_path = os.path.join(workdir, "timings.json")
     timings = json.load(open(timings_path)) if os.path.isfile(timings_path) else {}
@@ -102,7 +103,8 @@ def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, 
             continue
         print(f"\n[{i + 1}/{len(runs)}] {run.name}")
         start = time.time()
-        summary = gin_config.train_from_gin(*run.gin(), run_dir, force_new=force_new)
+        summary = train(RunConfigs(**configs), run_dir, operative_config=gin_config.operative_config_str(),
+                        force_new=force_new)
         if summary["stopped"] != "finished":
             sys.exit(f"{run.name} stopped ({summary['stopped']}); rerun to resume")
         timings[run.name] = timings.get(run.name, 0.0) + time.time() - start

@@ -203,13 +203,14 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
 
     k = 1 if jax.default_backend() == "cpu" else 10  # steps per timed repeat: one sync per repeat
 
+    def advance(run, n: int):
+        for _ in range(n):
+            run["state"], run["metrics"] = run["step"](run["state"], batch)
+        jax.block_until_ready(run["state"])
+
     def run_steps(run, times: list):
-        def go():
-            for _ in range(k):
-                run["state"], run["metrics"] = run["step"](run["state"], batch)
-            jax.block_until_ready(run["state"])
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        times.append(timed(go) / k)
+        times.append(timed(lambda: advance(run, k)) / k)
         run["faults"] += (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / k
 
     peak_times = {name: [] for name in peak_fns}
@@ -225,11 +226,8 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
         for name in (("real", "minimal") if r % 2 == 0 else ("minimal", "real")):
             run_steps(runs[name], pair_times[name])
     if args.profile:
-        real = runs["real"]
         with jax.profiler.trace(os.path.join(args.profile, f"d{cfg.d_model}")):
-            for _ in range(3):
-                real["state"], real["metrics"] = real["step"](real["state"], batch)
-            jax.block_until_ready(real["state"])
+            advance(runs["real"], 3)
     log_s = log_step_seconds(runs["real"]["state"], runs["real"]["metrics"], plan, args.log_every)
 
     peaks = {name: flops / min(peak_times[name]) for name, (_, flops) in peak_fns.items()}

@@ -2,6 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The tests also compile for TPU slices, which needs libtpu (the `tpu` extra, about 700 MB).
+TEST_STAMP := $(VENV)/.installed-tpu
 
 .PHONY: demo test test-slow install clean
 
@@ -13,15 +15,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,tpu]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/celerity demo --workdir runs/demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 clean:

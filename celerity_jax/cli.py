@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "celerity_jax.train_cli",
     "celerity_jax.demo",
     "celerity_jax.sweep",
+    "celerity_jax.aot.commands",
 )
 
 

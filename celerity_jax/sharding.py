@@ -54,6 +54,16 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES, None))
 
 
+def constrain_batch(x):
+    """Keeps an activation's leading (batch) axis split over the batch axes of the mesh being traced under
+    (`jax.set_mesh`); unchanged without one. Without it XLA may lay activations out like the FSDP-sharded
+    weights they meet, and gather whole microbatches onto each chip."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+        return x
+    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *[None] * (x.ndim - 1)))
+
+
 def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     """The spec of one parameter; leading (scanned layer) dims and vectors are replicated."""
     name = path[-2] if path[-1] in ("kernel", "bias", "scale") else path[-1]
@@ -70,6 +80,11 @@ def param_shardings(params, mesh: Mesh):
     """A NamedSharding per leaf of `params` (arrays or ShapeDtypeStructs)."""
     return jax.tree_util.tree_map_with_path(
         lambda path, x: NamedSharding(mesh, param_spec(path_keys(path), x.shape, mesh)), params)
+
+
+def with_shardings(abstract, shardings):
+    """ShapeDtypeStructs of the `abstract` tree carrying `shardings` (a matching tree): inputs to lower ahead of time."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

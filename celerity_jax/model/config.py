@@ -11,7 +11,7 @@ PARAMETRIZATIONS = ("completep", "mup", "standard")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn")
 DENSE_BACKWARDS = ("auto", "plain", "transposed")
-REMATS = ("none", "full", "dots")
+REMATS = ("none", "dots", "full")  # ever less memory, ever more recompute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,29 +60,25 @@ class ModelConfig:
     @property
     def dtype(self) -> str:
         """The compute dtype, with "auto" resolved for the default JAX backend."""
-        if self.compute_dtype != "auto":
-            return self.compute_dtype
-        import jax
-
-        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+        return _resolve(self, "compute_dtype")
 
     @property
     def attention_kernel(self) -> str:
         """attention_impl with "auto" resolved for the default JAX backend."""
-        if self.attention_impl != "auto":
-            return self.attention_impl
-        import jax
-
-        return "blocked" if jax.default_backend() == "cpu" else "xla"
+        return _resolve(self, "attention_impl")
 
     @property
     def dense_backward_kernel(self) -> str:
         """dense_backward with "auto" resolved for the default JAX backend."""
-        if self.dense_backward != "auto":
-            return self.dense_backward
-        import jax
+        return _resolve(self, "dense_backward")
 
-        return "transposed" if jax.default_backend() == "cpu" else "plain"
+    def for_platform(self, platform: str) -> "ModelConfig":
+        """This config with every "auto" choice made for `platform` ("cpu", "tpu", "gpu" or "cuda"), as a run on
+        that platform would make it: used to compile for an accelerator from a CPU host."""
+        if self.attention_impl == "cudnn" and platform not in ("gpu", "cuda"):
+            _fail("attention_impl", self.attention_impl, f"runs on NVIDIA GPUs only, not on {platform}; "
+                  "use 'auto' or 'xla'")
+        return dataclasses.replace(self, **{name: _resolve(self, name, platform) for name in AUTO_CHOICES})
 
     @property
     def d_ff(self) -> int:
@@ -126,6 +122,26 @@ class ModelConfig:
         if self.attention_impl == "cudnn" and self.compute_dtype == "float32":
             _fail("attention_impl", self.attention_impl, "needs compute_dtype='bfloat16'; "
                   "set ModelConfig.compute_dtype = 'bfloat16' or attention_impl = 'xla'")
+
+
+# What "auto" means per platform, for the fields that accept it: CPU values, then those of accelerators.
+AUTO_CHOICES = {
+    "compute_dtype": ("float32", "bfloat16"),
+    "attention_impl": ("blocked", "xla"),
+    "dense_backward": ("transposed", "plain"),
+}
+
+
+def _resolve(cfg: ModelConfig, name: str, platform: str | None = None) -> str:
+    value = getattr(cfg, name)
+    if value != "auto":
+        return value
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+    cpu_choice, accelerator_choice = AUTO_CHOICES[name]
+    return cpu_choice if platform == "cpu" else accelerator_choice
 
 
 def _fail(name: str, value, problem: str) -> None:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
+from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import attention, completep, matmul, positions
 from celerity_jax.model.config import ModelConfig
@@ -96,6 +97,7 @@ class Block(nn.Module):
     def __call__(self, x_BxLxD):
         cfg = self.cfg
         r = completep.forward_multipliers(cfg)["residual"]
+        x_BxLxD = sharding.constrain_batch(x_BxLxD)
         attn_BxLxD = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD))
         x_BxLxD = x_BxLxD + r * attn_BxLxD.astype(jnp.float32)
         mlp_BxLxD = Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD))
@@ -115,7 +117,7 @@ class Transformer(nn.Module):
         if cfg.positions == "learned":
             pos_LxD = self.param("pos_embed", _unit_normal, (cfg.max_seq_len, cfg.d_model))
             x_BxLxD = x_BxLxD + pos_LxD[None, : tokens_BxL.shape[1]]
-        x_BxLxD = x_BxLxD * mult["input"]
+        x_BxLxD = sharding.constrain_batch(x_BxLxD * mult["input"])
         stats = {"embed_rms": _rms(x_BxLxD)}
 
         block = Block

@@ -27,7 +27,7 @@ class TrainConfig:
     max_bad_steps: int = 0
     # Weight of the EMA behind `train/loss_smooth`.
     loss_ema: float = 0.98
-    # Accelerator peak FLOP/s for perf/mfu; 0 looks the device up in PEAK_FLOPS.
+    # Accelerator peak FLOP/s for perf/mfu; 0 looks the device up in celerity_jax.accelerators.CHIPS.
     peak_flops_per_sec: float = 0.0
     # Stop (with a checkpoint) once this global step is reached; 0 runs to the end of the plan.
     stop_at_step: int = 0
@@ -55,27 +55,3 @@ class TrainConfig:
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
 
-
-# Dense bf16 peak FLOP/s per chip, from vendor data sheets (no sparsity).
-PEAK_FLOPS = {
-    "NVIDIA H200": 989e12,
-    "NVIDIA H100": 989e12,
-    "NVIDIA A100": 312e12,
-    "NVIDIA L4": 121e12,
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-}
-
-
-def peak_flops_per_device(device_kind: str, override: float) -> float:
-    """Peak FLOP/s of one device, or 0 when unknown (perf/mfu is then not logged)."""
-    if override > 0:
-        return override
-    for prefix, flops in PEAK_FLOPS.items():
-        if device_kind.startswith(prefix):
-            return flops
-    return 0.0

@@ -18,17 +18,18 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from celerity_jax import optim, recipe, sharding
+from celerity_jax import recipe, sharding
+from celerity_jax.accelerators import peak_flops_per_device
+from celerity_jax.aot.memory import compile_train_step
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.loading import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path, write_text_atomic
-from celerity_jax.model import completep, transformer
 from celerity_jax.train import init_from
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.checkpoint import Checkpointer, checkpoint_steps
-from celerity_jax.train.config import TrainConfig, peak_flops_per_device
+from celerity_jax.train.config import TrainConfig
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 
@@ -108,7 +109,7 @@ class _LossEMA:
 
 
 def _perf_metrics(plan, step_time: float, peak_flops: float) -> dict[str, float]:
-    """Throughput over a log interval (the first one includes compilation)."""
+    """Throughput over a log interval (the train step is compiled before the first; the eval step at its first use)."""
     flops_per_step = plan.flops_per_token * plan.batch_tokens
     out = {"perf/step_time": step_time, "perf/tokens_per_sec": plan.batch_tokens / step_time,
            "perf/model_flops_per_sec": flops_per_step / step_time}
@@ -164,6 +165,10 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
                                                  process_index=jax.process_index(),
                                                  process_count=jax.process_count())
 
+    build = step_lib.build_step(model_cfg, plan, monitor_cfg, mesh, microbatches=train_cfg.microbatches,
+                                z_loss=train_cfg.z_loss, seed=train_cfg.seed)
+    train_step = compile_train_step(build, plan, train_cfg, model_cfg)
+
     identity = run_identity(configs, plan)
     archive = check_workdir(workdir, identity, force_new)
     source = None
@@ -189,14 +194,8 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         f"hidden peak lr={plan.lr_hidden:.4g}")
     stats = data_lib.corpus_stats(configs.data)
     log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items() if v != []))
-    rng = jax.random.key(train_cfg.seed)
-    multipliers = completep.multipliers(model_cfg, jax.eval_shape(
-        lambda: transformer.init_params(model_cfg, rng)))
-    optimizer = optim.build_optimizer(plan, multipliers)
-    abstract = jax.eval_shape(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng))
-    state_sh = step_lib.state_shardings(abstract, mesh, optimizer)
-    batch_sh = sharding.batch_sharding(mesh)
-    state = jax.jit(lambda: step_lib.init_state(model_cfg, optimizer, monitor_cfg, rng), out_shardings=state_sh)()
+    state_sh, batch_sh = build.state_shardings, build.batch_sharding
+    state = build.init()
 
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), train_cfg.keep_last, train_cfg.keep_every,
                                 train_cfg.async_checkpointing)
@@ -214,9 +213,6 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         log(init_from.describe(source, differences, plan.steps))
     eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in eval_batches_np]
 
-    train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=train_cfg.microbatches,
-                                          z_loss=train_cfg.z_loss, state_shardings=state_sh,
-                                          batch_sharding=batch_sh)
     eval_step = step_lib.make_eval_step(model_cfg, batch_sh, state_sh.params)
 
     tb = TensorBoardWriter(workdir) if is_chief else None

@@ -94,33 +94,86 @@ def _skip_keeping_counts(new_opt_state, old_opt_state, finite):
     return jax.tree_util.tree_map_with_path(pick, new_opt_state, old_opt_state)
 
 
+def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainState, grads, ce):
+    """The update from the mean gradient and cross-entropy of a step: (state, metrics).
+
+    A non-finite loss or gradient leaves params and optimizer moments untouched."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(ce) & jnp.isfinite(optax.tree.norm(grads))
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    step = state.step + 1
+    new_state = TrainState(
+        step=step,
+        params=keep(params, state.params),
+        opt_state=_skip_keeping_counts(opt_state, state.opt_state, finite),
+        monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
+        bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
+        first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))
+    metrics = {"train/loss": ce, "opt/grad_norm": optax.tree.norm(grads),
+               "opt/param_norm": optax.tree.norm(new_state.params)}
+    metrics.update({f"opt/{k}": v for k, v in optim.optimizer_metrics(plan, opt_state).items()})
+    metrics.update(_role_ratios(completep.param_roles(state.params), updates, state.params))
+    return new_state, metrics
+
+
+def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float) -> Callable:
+    """(params, batch) -> (mean gradient, mean cross-entropy) over `microbatches` slices of the batch."""
+    loss_fn = _loss_fn(model_cfg, z_loss)
+    return lambda params, batch: _grads(loss_fn, params, batch, microbatches)
+
+
 def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTransformation, *,
                     microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None) -> Callable:
     """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
-    loss_fn = _loss_fn(model_cfg, z_loss)
+    gradients = make_gradients(model_cfg, microbatches=microbatches, z_loss=z_loss)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        grads, ce = _grads(loss_fn, state.params, batch, microbatches)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        finite = jnp.isfinite(ce) & jnp.isfinite(optax.tree.norm(grads))
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        step = state.step + 1
-        new_state = TrainState(
-            step=step,
-            params=keep(params, state.params),
-            opt_state=_skip_keeping_counts(opt_state, state.opt_state, finite),
-            monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
-            bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
-            first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))
-        metrics = {"train/loss": ce, "opt/grad_norm": optax.tree.norm(grads),
-                   "opt/param_norm": optax.tree.norm(new_state.params)}
-        metrics.update({f"opt/{k}": v for k, v in optim.optimizer_metrics(plan, opt_state).items()})
-        metrics.update(_role_ratios(completep.param_roles(state.params), updates, state.params))
-        return new_state, metrics
+        grads, ce = gradients(state.params, batch)
+        return apply_gradients(plan, optimizer, state, grads, ce)
 
     return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBuild:
+    """What `celerity train` runs, built once for a mesh: shared by the trainer and `celerity compile`."""
+
+    mesh: Any
+    optimizer: optax.GradientTransformation
+    abstract_state: TrainState  # ShapeDtypeStructs
+    state_shardings: TrainState
+    batch_sharding: Any
+    train_step: Callable  # jitted, state donated
+    init: Callable  # () -> the initial TrainState, laid out with state_shardings
+
+    def abstract_inputs(self, batch_seqs: int, seq_len: int):
+        """ShapeDtypeStructs (with shardings) of the train step's (state, batch), for ahead-of-time lowering."""
+        state = sharding.with_shardings(self.abstract_state, self.state_shardings)
+        tokens = jax.ShapeDtypeStruct((batch_seqs, seq_len), jnp.int32, sharding=self.batch_sharding)
+        return state, {"inputs": tokens, "targets": tokens}
+
+    def lower(self, batch_seqs: int, seq_len: int):
+        """The train step lowered ahead of time, traced under the mesh (activations keep their batch sharding)."""
+        with jax.set_mesh(self.mesh):
+            return self.train_step.lower(*self.abstract_inputs(batch_seqs, seq_len))
+
+
+def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches: int, z_loss: float,
+               seed: int) -> StepBuild:
+    """The optimizer, the sharded train state and the jitted train step of a run on `mesh`."""
+    rng = jax.random.key(seed)
+    multipliers = completep.multipliers(model_cfg, jax.eval_shape(lambda: transformer.init_params(model_cfg, rng)))
+    optimizer = optim.build_optimizer(plan, multipliers)
+    init = lambda: init_state(model_cfg, optimizer, monitor_cfg, rng)  # noqa: E731
+    abstract = jax.eval_shape(init)
+    state_sh = state_shardings(abstract, mesh, optimizer)
+    batch_sh = sharding.batch_sharding(mesh)
+    train_step = make_train_step(model_cfg, plan, optimizer, microbatches=microbatches, z_loss=z_loss,
+                                 state_shardings=state_sh, batch_sharding=batch_sh)
+    return StepBuild(mesh=mesh, optimizer=optimizer, abstract_state=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
+                     train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:

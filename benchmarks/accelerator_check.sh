@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One-shot check on a machine with one NVIDIA H100 or H200 (under 10 minutes):
+#   1. `celerity compile` for that GPU, on the benchmark's 300M shape (celerity-300m, 16 × 2048 tokens, scanned
+#      layers, one microbatch): the per-GPU bytes XLA plans (and its estimates, where XLA gives them);
+#   2. `benchmarks/train_throughput.py --sizes 300m`: the measured step time, MFU and peak GPU memory;
+#   3. a side-by-side line of both, and everything as JSON under $OUT (default bench_out/accelerator_check).
+# Needs jax with CUDA plus this project's dependencies importable by `python3` (e.g. `pip install -e .
+# "jax[cuda12]"`); PYTHONPATH is set to the repository so nothing has to be installed for the project itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench_out/accelerator_check}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+"$PY" - <<'EOF'
+import jax
+print("jax", jax.__version__, "devices:", jax.devices())
+assert jax.default_backend() == "gpu", "this check needs a GPU"
+EOF
+GPU=$("$PY" -c "import jax; k = jax.devices()[0].device_kind; print('h200' if 'H200' in k else 'h100')")
+
+# the benchmark's 300m shape, as gin bindings on top of the Celerity 300M size file
+SHAPE=(--gin_file experiments/celerity/300m_20tpp.gin
+       --gin_param "RecipeConfig.seq_len = 2048" --gin_param "RecipeConfig.batch_seqs = 16"
+       --gin_param "ModelConfig.scan_layers = True" --gin_param "ModelConfig.attention_impl = 'cudnn'"
+       --gin_param "TrainConfig.mesh_shape = (1, 1, 1)")
+time "$PY" -m celerity_jax.cli compile "${SHAPE[@]}" --topology "$GPU-1" --cache_dir "" --json "$OUT/compile.json" \
+    || echo "celerity compile did not finish (see above)"
+time "$PY" benchmarks/train_throughput.py --sizes 300m --steps 6 --out "$OUT/train_throughput.json"
+
+"$PY" - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+measured = json.load(open(os.path.join(out, "train_throughput.json")))
+row = next(r for r in measured["rows"] if r["size"] == "300m")
+peak = 989e12  # H100 / H200 dense bf16
+line = {"measured_step_seconds": row["step_s"], "measured_tokens_per_sec": row["tokens_per_s"],
+        "measured_mfu": row["model_flops_per_s"] / peak, "measured_peak_bytes": row["peak_memory_bytes"],
+        "measured_compile_seconds": row["compile_s"]}
+path = os.path.join(out, "compile.json")
+if os.path.exists(path):
+    planned = json.load(open(path))
+    line.update({"compiled_bytes_per_chip": planned["bytes_per_chip"], "est_step_seconds": planned["est_step_seconds"],
+                 "est_mfu": planned["est_mfu"], "compile_seconds": planned["compile_seconds"]})
+print(json.dumps(line, indent=1))
+json.dump(line, open(os.path.join(out, "comparison.json"), "w"), indent=1)
+EOF

@@ -18,7 +18,12 @@ import jax
 print("jax", jax.__version__, "devices:", jax.devices())
 assert jax.default_backend() == "gpu", "this check needs a GPU"
 EOF
-GPU=$("$PY" -c "import jax; k = jax.devices()[0].device_kind; print('h200' if 'H200' in k else 'h100')")
+GPU=$("$PY" -c "
+import jax
+from celerity_jax.accelerators import CHIPS
+kind = jax.devices()[0].device_kind
+print(next((n for n in ('h100', 'h200') if any(kind.startswith(k) for k in CHIPS[n].device_kinds)), ''))")
+[ -n "$GPU" ] || { echo "celerity compile describes the H100 and H200 only; this GPU is another"; exit 2; }
 
 # the benchmark's 300m shape, as gin bindings on top of the Celerity 300M size file
 SHAPE=(--gin_file experiments/celerity/300m_20tpp.gin
@@ -33,8 +38,10 @@ time "$PY" benchmarks/train_throughput.py --sizes 300m --steps 6 --out "$OUT/tra
 import json, os, sys
 out = sys.argv[1]
 measured = json.load(open(os.path.join(out, "train_throughput.json")))
+import jax
+from celerity_jax.accelerators import peak_flops_per_device
 row = next(r for r in measured["rows"] if r["size"] == "300m")
-peak = 989e12  # H100 / H200 dense bf16
+peak = peak_flops_per_device(jax.devices()[0].device_kind)
 line = {"measured_step_seconds": row["step_s"], "measured_tokens_per_sec": row["tokens_per_s"],
         "measured_mfu": row["model_flops_per_s"] / peak, "measured_peak_bytes": row["peak_memory_bytes"],
         "measured_compile_seconds": row["compile_s"]}

@@ -64,6 +64,21 @@ def constrain_batch(x):
     return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *[None] * (x.ndim - 1)))
 
 
+def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H):
+    """fn(q, k, v, *per_head) applied shard by shard under the mesh being traced (`jax.set_mesh`): the batch
+    split over data × fsdp and the heads over tensor, where they divide; called whole without a mesh. For
+    kernels that XLA cannot partition (Pallas calls)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+        return fn(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
+    batch, _, heads, _ = q_BxLxHxK.shape
+    batch_axes = BATCH_AXES if batch % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    head_axis = "tensor" if heads % mesh.shape["tensor"] == 0 else None
+    spec = P(batch_axes, None, head_axis, None)
+    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec) + (P(head_axis),) * len(per_head_H),
+                         out_specs=spec)(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
+
+
 def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     """The spec of one parameter; leading (scanned layer) dims and vectors are replicated."""
     name = path[-2] if path[-1] in ("kernel", "bias", "scale") else path[-1]

@@ -54,7 +54,7 @@ def apply_setting(configs, setting: Setting, platform: str):
 
 
 @contextlib.contextmanager
-def _without_persistent_cache():
+def without_persistent_cache():
     """Compile-only executables cannot be loaded back, so they stay out of JAX's persistent compilation cache."""
     enabled = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
@@ -69,7 +69,7 @@ def compile_report(configs, topology: str, setting: Setting | None = None, *, ca
 
     Raises ConfigError when the setting cannot be built (mesh, batch split) or XLA fails for another reason; a
     step that does not fit is reported with fits False."""
-    with _without_persistent_cache():
+    with without_persistent_cache():
         try:
             return _compile_report(configs, topology, setting or Setting.of(configs), cache)
         except jax.errors.JaxRuntimeError as e:

@@ -9,7 +9,7 @@ MLPS = ("squared_relu", "swiglu", "gelu")
 POSITIONS = ("alibi", "rope", "learned")
 PARAMETRIZATIONS = ("completep", "mup", "standard")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn", "flash")
 DENSE_BACKWARDS = ("auto", "plain", "transposed")
 REMATS = ("none", "dots", "full")  # ever less memory, ever more recompute
 
@@ -47,7 +47,8 @@ class ModelConfig:
     compute_dtype: str = "auto"  # "auto": bfloat16 on accelerators, float32 on CPU
     # How attention and the Dense backward are computed; the function is the same up to float rounding.
     # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "xla" (XLA's
-    # jax.nn.dot_product_attention) elsewhere; "cudnn" asks for the fused GPU kernel.
+    # jax.nn.dot_product_attention) elsewhere; "cudnn" asks for the fused GPU kernel; "flash" the Pallas TPU
+    # kernel with ALiBi computed inside it (`flash_attention.py`; the Pallas interpreter off TPU, for tests).
     attention_impl: str = "auto"
     # dense_backward "auto": "transposed" (weight gradient as a plain GEMM, `matmul.py`) on CPU, "plain" elsewhere.
     dense_backward: str = "auto"
@@ -78,6 +79,9 @@ class ModelConfig:
         if self.attention_impl == "cudnn" and platform not in ("gpu", "cuda"):
             _fail("attention_impl", self.attention_impl, f"runs on NVIDIA GPUs only, not on {platform}; "
                   "use 'auto' or 'xla'")
+        if self.attention_impl == "flash" and platform in ("gpu", "cuda"):
+            _fail("attention_impl", self.attention_impl, f"is a TPU kernel (on {platform} it would run in the "
+                  "Pallas interpreter); use 'cudnn' or 'xla'")
         return dataclasses.replace(self, **{name: _resolve(self, name, platform) for name in AUTO_CHOICES})
 
     @property

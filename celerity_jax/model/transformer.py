@@ -13,7 +13,7 @@ import flax.linen as nn
 
 from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import attention, completep, matmul, positions
+from celerity_jax.model import attention, completep, flash_attention, matmul, positions
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
@@ -56,10 +56,13 @@ class Attention(nn.Module):
         if cfg.positions == "rope":
             q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta)
             k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta)
+        slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
         if cfg.attention_kernel == "blocked":
-            slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
             out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
                                                      alibi_slopes_H=slopes_H)
+        elif cfg.attention_kernel == "flash":
+            out_BxLxHxK = flash_attention.causal_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
+                                                                 alibi_slopes_H=slopes_H)
         else:
             bias = None
             if cfg.positions == "alibi":

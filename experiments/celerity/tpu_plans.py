@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+import jax
+
 from celerity_jax import gin_config, recipe
 from celerity_jax.aot.commands import DEFAULT_CACHE
 from celerity_jax.aot.cache import Cache
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache_dir", default=DEFAULT_CACHE, help="compile results cache (as `celerity compile`)")
     args = parser.parse_args(argv)
+    jax.config.update("jax_platforms", "cpu")  # compile-only, as `celerity compile`
     results, started = [], time.time()
     for size, slices in SLICES.items():
         for topology in slices:

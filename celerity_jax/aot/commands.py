@@ -99,4 +99,9 @@ def format_report(report: dict) -> str:
     lines.append(f"*         {report['estimate_note']}")
     if report["fits"]:
         lines.append("gin       " + " ".join(f'--gin_param "{p}"' for p in report["gin_params"]))
+    else:
+        from celerity_jax.aot.memory import fix_hint
+
+        data_shards = report["mesh_shape"][0] * report["mesh_shape"][1]
+        lines.append("fix       " + fix_hint(report["microbatches"], report["batch_seqs"], data_shards, report["remat"]))
     return "\n".join(lines)

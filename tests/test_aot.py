@@ -205,3 +205,10 @@ def test_xla_minus_one_second_per_concat_bitcast_is_added_back():
     calls = compiled.as_text().count('custom_call_target="ConcatBitcast"')
     assert raw < 0 and calls >= 1  # as XLA:TPU (libtpu 0.0.42) reports this program
     assert estimate.costs(compiled)["optimal_seconds"] == pytest.approx(raw + calls) and raw + calls > 0
+
+
+def test_cli_reports_a_step_that_does_not_fit_with_the_fix(tmp_path):
+    params = [arg for p in TOO_BIG for arg in ("--gin_param", p)]
+    out = _cli("--gin_file", GIN[0], "--gin_file", GIN[1], *params, "--topology", SLICE, "--cache_dir", str(tmp_path))
+    assert out.returncode == 1 and "DOES NOT FIT" in out.stdout
+    assert "fix       raise TrainConfig.microbatches (now 1; at most 16" in out.stdout

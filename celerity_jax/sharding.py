@@ -49,6 +49,11 @@ def make_mesh(mesh_shape: tuple[int, int, int], devices=None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
+def data_shards(mesh: Mesh) -> int:
+    """How many ways the batch is split: data × fsdp."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Batch rows split over data and fsdp; the sequence stays whole."""
     return NamedSharding(mesh, P(BATCH_AXES, None))
@@ -72,7 +77,7 @@ def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H):
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
         return fn(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
     batch, _, heads, _ = q_BxLxHxK.shape
-    batch_axes = BATCH_AXES if batch % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    batch_axes = BATCH_AXES if batch % data_shards(mesh) == 0 else None
     head_axis = "tensor" if heads % mesh.shape["tensor"] == 0 else None
     spec = P(batch_axes, None, head_axis, None)
     return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec) + (P(head_axis),) * len(per_head_H),
@@ -114,7 +119,7 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, abstract_opt_st
 
 def check_batch_divisible(batch_seqs: int, mesh: Mesh, microbatches: int) -> None:
     """Every microbatch must split evenly over the batch axes of the mesh."""
-    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    shards = data_shards(mesh)
     if batch_seqs % microbatches or (batch_seqs // microbatches) % shards:
         raise ConfigError(
             f"batch of {batch_seqs} sequences in {microbatches} microbatches does not split over "

@@ -37,9 +37,10 @@ def compile_command(args) -> int:
     from celerity_jax.train.loop import RunConfigs
 
     accelerators.parse_slice(args.topology)  # a bad name fails before gin and compiles
-    for path, what in ((args.json if args.json not in (None, "-") else None, "--json"), (args.cache_dir, "--cache_dir")):
-        if path:
-            check_writable(os.path.dirname(os.path.abspath(path)) if what == "--json" else path, what)
+    if args.json not in (None, "-"):
+        check_writable(os.path.dirname(os.path.abspath(args.json)), "--json")
+    if args.cache_dir:
+        check_writable(args.cache_dir, "--cache_dir")
     configs = RunConfigs(**gin_config.parse_gin(args.gin_file, args.gin_param))
     slice_, _ = slice_devices(args.topology)
     cache = Cache(args.cache_dir or None)

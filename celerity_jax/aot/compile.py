@@ -88,6 +88,7 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
     lowered = build.lower(plan.batch_seqs, plan.seq_len)
     step = cache("step", lowered, slice_.target, lambda: _compile_step(lowered))
     usable = accelerators.usable_bytes(slice_.chip)
+    model_flops = plan.flops_per_token * plan.batch_tokens
     report = {
         "topology": slice_.name, "chip": slice_.chip.name, "chips": slice_.chips,
         "mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
@@ -98,13 +99,13 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
         "bytes_per_chip": step["bytes_per_chip"], "fits": step["error"] is None and step["bytes_per_chip"] <= usable,
         "headroom": 1.0 - step["bytes_per_chip"] / usable if step["bytes_per_chip"] else None,
         "compile_seconds": step["compile_seconds"],
-        "error": step["error"], "model_flops_per_step": plan.flops_per_token * plan.batch_tokens,
+        "error": step["error"], "model_flops_per_step": model_flops,
         "xla_flops_per_step": None, "est_step_seconds": None, "est_tokens_per_sec": None, "est_mfu": None,
         "est_days": None, "est_chip_hours": None, "estimate_note": ESTIMATE_NOTE,
         "gin_params": setting.gin_params(),
     }
     if report["fits"]:
-        report.update(_estimates(run, plan, build, mesh, slice_, cache))
+        report.update(_estimates(run, plan, build, mesh, slice_, cache, model_flops))
     return report
 
 
@@ -119,7 +120,7 @@ def _compile_step(lowered) -> dict:
             "compile_seconds": round(time.perf_counter() - start, 1)}
 
 
-def _estimates(run, plan, build, mesh, slice_, cache) -> dict:
+def _estimates(run, plan, build, mesh, slice_, cache, model_flops: float) -> dict:
     if slice_.chip.platform != "tpu":
         return {"estimate_note": f"XLA gives no cost analysis when compiling for {slice_.chip.name} without the "
                 "device: memory and fit only"}
@@ -131,9 +132,7 @@ def _estimates(run, plan, build, mesh, slice_, cache) -> dict:
         return {"estimate_note": f"XLA gave no usable cost analysis for {slice_.chip.name}: memory and fit only"}
     step = estimate.combine((1.0, update), (run.train.microbatches, gradient))
     seconds = step["optimal_seconds"]
-    model_flops = plan.flops_per_token * plan.batch_tokens
     return {"xla_flops_per_step": step["flops"] * slice_.chips, "est_step_seconds": seconds,
             "est_tokens_per_sec": plan.batch_tokens / seconds,
             "est_mfu": model_flops / (slice_.chips * slice_.chip.peak_flops * seconds),
             "est_days": plan.steps * seconds / 86400, "est_chip_hours": slice_.chips * plan.steps * seconds / 3600}
-

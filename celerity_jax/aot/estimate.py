@@ -86,4 +86,3 @@ def update_cost(build: step_lib.StepBuild, plan, mesh, cache: Cache, target: str
     state, _ = build.abstract_inputs(plan.batch_seqs, plan.seq_len)
     lowered = update.lower(state, state.params, jax.ShapeDtypeStruct((), "float32", sharding=replicated))
     return cache("update", lowered, target, lambda: costs(lowered.compile()))
-

@@ -9,6 +9,7 @@ import re
 
 import jax
 
+from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
@@ -62,8 +63,7 @@ def fix_hint(microbatches: int, batch_seqs: int, data_shards: int, remat: str) -
 
 def compile_train_step(build, plan, train_cfg, model_cfg):
     """Compiles the run's train step before anything is written, and refuses one that does not fit a device."""
-    data_shards = build.mesh.shape["data"] * build.mesh.shape["fsdp"]
-    hint = fix_hint(train_cfg.microbatches, plan.batch_seqs, data_shards, model_cfg.remat)
+    hint = fix_hint(train_cfg.microbatches, plan.batch_seqs, sharding.data_shards(build.mesh), model_cfg.remat)
     try:
         compiled = compile_step(build.lower(plan.batch_seqs, plan.seq_len))
     except OutOfMemory as e:

@@ -54,4 +54,3 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
-

@@ -172,8 +172,8 @@ def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches:
     batch_sh = sharding.batch_sharding(mesh)
     train_step = make_train_step(model_cfg, plan, optimizer, microbatches=microbatches, z_loss=z_loss,
                                  state_shardings=state_sh, batch_sharding=batch_sh)
-    return StepBuild(mesh=mesh, optimizer=optimizer, abstract_state=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
-                     train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
+    return StepBuild(mesh=mesh, optimizer=optimizer, abstract_state=abstract, state_shardings=state_sh,
+                     batch_sharding=batch_sh, train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:

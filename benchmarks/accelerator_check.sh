@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One-shot check on a machine with one NVIDIA H100 or H200 (under 10 minutes):
+#   0. `benchmarks/attention_kernels.py` at 2048 and 8192 tokens: the Triton flash kernel (attention_impl 'flash')
+#      against XLA's attention: errors, time and temporary memory (what decides whether 'auto' picks it on GPU);
 #   1. `celerity compile` for that GPU, on the benchmark's 300M shape (celerity-300m, 16 × 2048 tokens, scanned
 #      layers, one microbatch): the per-GPU bytes XLA plans (and its estimates, where XLA gives them);
 #   2. `benchmarks/train_throughput.py --sizes 300m`: the measured step time, MFU and peak GPU memory;
@@ -24,6 +26,9 @@ from celerity_jax.accelerators import CHIPS
 kind = jax.devices()[0].device_kind
 print(next((n for n in ('h100', 'h200') if any(kind.startswith(k) for k in CHIPS[n].device_kinds)), ''))")
 [ -n "$GPU" ] || { echo "celerity compile describes the H100 and H200 only; this GPU is another"; exit 2; }
+
+time "$PY" benchmarks/attention_kernels.py --seq-lens 2048,8192 --heads 10 --head-dim 64 \
+    --out "$OUT/attention_kernels.json" || echo "the attention kernel check failed (see above)"
 
 # the benchmark's 300m shape, as gin bindings on top of the Celerity 300M size file
 SHAPE=(--gin_file experiments/celerity/300m_20tpp.gin

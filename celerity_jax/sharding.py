@@ -54,6 +54,31 @@ def data_shards(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def traced_batch_shards() -> int:
+    """data × fsdp of the mesh being traced under (`jax.set_mesh`); 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+        return 1
+    return data_shards(mesh)
+
+
+def local_batch(batch: int) -> int:
+    """Rows of a [batch, ...] activation on one chip under the mesh being traced: the batch split over data ×
+    fsdp where that divides it, else whole."""
+    shards = traced_batch_shards()
+    return batch // shards if batch % shards == 0 else batch
+
+
+def constrain_vocab_split(x_DxV):
+    """Keeps a [D, V] matrix whole on every chip except for V split over tensor (where it divides): the
+    unembedding gathered once before the loss loops over chunks, rather than in every chunk."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "tensor" not in mesh.axis_names:
+        return x_DxV
+    tensor = "tensor" if x_DxV.shape[1] % mesh.shape["tensor"] == 0 else None
+    return jax.lax.with_sharding_constraint(x_DxV, P(None, tensor))
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Batch rows split over data and fsdp; the sequence stays whole."""
     return NamedSharding(mesh, P(BATCH_AXES, None))

@@ -1,5 +1,6 @@
 """`celerity compile` for a TPU slice on this CPU host (libtpu compiles without a TPU), at tiny shapes."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,9 +26,9 @@ SLICE = "v5e-4"
 REPORT_KEYS = {"hbm_bytes_per_chip", "bytes_per_chip", "fits", "headroom", "mesh_shape", "microbatches", "remat",
                "scan_layers", "compute_dtype", "attention_impl", "est_step_seconds", "est_tokens_per_sec", "est_mfu",
                "est_days", "est_chip_hours", "compile_seconds"}
-# Larger than a v5e chip's 16 GiB: float32 logits of 64 × 8192 tokens over a 128k vocabulary.
+# Larger than a v5e chip's 16 GiB: whole float32 logits of 64 × 8192 tokens over a 128k vocabulary.
 TOO_BIG = ["ModelConfig.vocab_size = 128256", "ModelConfig.max_seq_len = 8192", "RecipeConfig.seq_len = 8192",
-           "RecipeConfig.batch_seqs = 64"]
+           "RecipeConfig.batch_seqs = 64", "ModelConfig.logits_chunk_len = 0"]
 
 
 def _configs(*params):
@@ -48,8 +49,11 @@ def test_auto_resolves_for_the_target_not_the_host():
     assert ModelConfig().for_platform("tpu").compute_dtype == "bfloat16"
     assert ModelConfig().for_platform("cpu").attention_impl == "blocked"
     assert ModelConfig(attention_impl="xla").for_platform("cpu").attention_impl == "xla"
+    assert ModelConfig().for_platform("gpu").attention_impl == "xla"  # until the Triton kernel has run on a GPU
+    assert ModelConfig().for_platform("cuda").compute_dtype == "bfloat16"
     report = compile_report(_configs(), SLICE, Setting((4, 1, 1), 1, "none", False))
-    assert (report["compute_dtype"], report["attention_impl"], report["dense_backward"]) == ("bfloat16", "xla", "plain")
+    assert (report["compute_dtype"], report["attention_impl"], report["dense_backward"]) == ("bfloat16", "flash",
+                                                                                            "plain")
 
 
 def test_loop_correction_counts_every_microbatch():
@@ -78,6 +82,19 @@ def test_gradient_cost_extrapolated_from_two_layers_matches_a_direct_compile():
     direct = estimate.costs(estimate._lower_gradient(configs.model, 4, 64, mesh, 0.0).compile())
     assert extrapolated["flops"] == pytest.approx(direct["flops"], rel=0.01)
     assert extrapolated["optimal_seconds"] == pytest.approx(direct["optimal_seconds"], rel=0.1)
+
+
+@pytest.mark.parametrize("chunk_len", [16, 32, 8])  # 16 / 16 or 64 / 32 chunks, and an odd count at 8 of 24
+def test_the_estimate_counts_every_chunk_of_a_chunked_loss(chunk_len):
+    configs = _configs("ModelConfig.vocab_size = 4096", "ModelConfig.max_seq_len = 256")
+    configs = apply_setting(configs, Setting((1, 4, 1), 1, "none", False), "tpu")
+    _, devices = slice_devices(SLICE)
+    mesh = make_mesh((1, 4, 1), devices=devices)
+    seq_len = 24 if chunk_len == 8 else 256
+    cost = lambda chunk: estimate.gradient_cost(  # noqa: E731
+        dataclasses.replace(configs.model, logits_chunk_len=chunk), 4, seq_len, mesh, 1e-4, Cache(None), SLICE)
+    chunked, whole = cost(chunk_len), cost(0)
+    assert chunked["flops"] == pytest.approx(whole["flops"], rel=0.02)  # the same matmuls, in chunks
 
 
 def test_a_step_that_cannot_fit_is_reported_not_raised():

@@ -32,6 +32,9 @@ def test_defaults_are_celerity_300m():
     (dict(use_bias="yes"), ["use_bias", "True or False"]),
     (dict(positions="rope", d_model=630, n_heads=10, head_dim=63), ["head_dim", "even"]),
     (dict(attention_impl="cudnn", compute_dtype="float32"), ["attention_impl", "bfloat16"]),
+    (dict(logits_chunk_len=-1), ["logits_chunk_len", "'auto', 0"]),
+    (dict(logits_chunk_len="512"), ["logits_chunk_len", "'auto', 0"]),
+    (dict(logits_chunk_len=True), ["logits_chunk_len", "'auto', 0"]),
 ])
 def test_bad_config_raises_config_error_naming_the_field(fields, names):
     with pytest.raises(ConfigError) as err:

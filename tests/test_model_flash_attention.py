@@ -1,5 +1,6 @@
-"""The Pallas flash-attention kernels against `attention.causal_attention`: values and gradients in the Pallas
-interpreter on the CPU, and a compile of forward and backward for a TPU slice (compile-only, through libtpu)."""
+"""The Pallas flash-attention kernels (TPU: `flash_attention`, GPU: `flash_attention_gpu`) against
+`attention.causal_attention`: values and gradients in the Pallas interpreter on the CPU, and a compile of forward
+and backward for a TPU slice (compile-only, through libtpu)."""
 
 import dataclasses
 import os
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from celerity_jax.model import attention, flash_attention, positions
+from celerity_jax.model import attention, flash_attention, flash_attention_gpu, positions
+
+KERNELS = {"tpu": flash_attention.flash_attention, "gpu": flash_attention_gpu.flash_attention_gpu}
 
 
 def _inputs(seq_len, heads, head_dim, dtype, batch=2):
@@ -51,46 +54,67 @@ BF16_CASES = [
 ]
 
 
-def _compare(case, dtype):
+def _compare(case, dtype, kernel):
     seq_len, heads, head_dim, block_q, block_k, scale, alibi = case
     q, k, v, weights = _inputs(seq_len, heads, head_dim, dtype)
     slopes = positions.alibi_slopes(heads) if alibi else None
     out, grads = _value_and_grads(
-        lambda q, k, v: flash_attention.flash_attention(q, k, v, scale=scale, alibi_slopes_H=slopes, block_q=block_q,
-                                                        block_k=block_k, interpret=True), q, k, v, weights)
+        lambda q, k, v: KERNELS[kernel](q, k, v, scale=scale, alibi_slopes_H=slopes, block_q=block_q,
+                                        block_k=block_k, interpret=True), q, k, v, weights)
     want_out, want_grads = _value_and_grads(
         lambda q, k, v: attention.causal_attention(q, k, v, scale=scale, alibi_slopes_H=slopes), q, k, v, weights)
     assert out.dtype == v.dtype and out.shape == q.shape
     return _relative_error(out, want_out), [_relative_error(g, w) for g, w in zip(grads, want_grads)]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", F32_CASES, ids=str)
-def test_float32_values_and_gradients_match_the_reference(case):
-    out_error, grad_errors = _compare(case, jnp.float32)
+def test_float32_values_and_gradients_match_the_reference(case, kernel):
+    out_error, grad_errors = _compare(case, jnp.float32, kernel)
     assert out_error < 2e-6
-    assert max(grad_errors) < 1e-5, grad_errors
+    assert max(grad_errors) < 2e-6, grad_errors
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", BF16_CASES, ids=str)
-def test_bfloat16_values_and_gradients_match_the_reference(case):
-    out_error, grad_errors = _compare(case, jnp.bfloat16)
+def test_bfloat16_values_and_gradients_match_the_reference(case, kernel):
+    out_error, grad_errors = _compare(case, jnp.bfloat16, kernel)
     assert out_error < 2e-2
     assert max(grad_errors) < 2e-2, grad_errors
 
 
-def test_alibi_matches_dot_product_attention_with_a_bias_matrix():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_alibi_matches_dot_product_attention_with_a_bias_matrix(kernel):
     q, k, v, _ = _inputs(64, 2, 32, jnp.float32)
-    out = flash_attention.flash_attention(q, k, v, scale=0.3, alibi_slopes_H=positions.alibi_slopes(2), block_q=16,
-                                          block_k=32, interpret=True)
+    out = KERNELS[kernel](q, k, v, scale=0.3, alibi_slopes_H=positions.alibi_slopes(2), block_q=16, block_k=32,
+                          interpret=True)
     want = jax.nn.dot_product_attention(q, k, v, bias=positions.alibi_bias(2, 64), is_causal=True, scale=0.3,
                                         implementation="xla")
     assert _relative_error(out, want) < 2e-6
 
 
-def test_block_sizes_that_do_not_divide_the_length_are_refused():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_block_sizes_that_do_not_divide_the_length_are_refused(kernel):
     q, k, v, _ = _inputs(96, 1, 32, jnp.float32)
     with pytest.raises(ValueError, match="block_q=64 does not divide the sequence length 96"):
-        flash_attention.flash_attention(q, k, v, scale=0.3, block_q=64, interpret=True)
+        KERNELS[kernel](q, k, v, scale=0.3, block_q=64, interpret=True)
+
+
+def test_the_gpu_kernel_pads_a_head_dim_triton_cannot_tile_and_picks_blocks_dividing_the_length():
+    q, k, v, weights = _inputs(96, 2, 24, jnp.float32)  # blocks of 32 (96 = 3 × 32), head_dim padded to 32
+    slopes = positions.alibi_slopes(2)
+    out, grads = _value_and_grads(lambda q, k, v: flash_attention_gpu.flash_attention_gpu(
+        q, k, v, scale=0.3, alibi_slopes_H=slopes, interpret=True), q, k, v, weights)
+    want_out, want_grads = _value_and_grads(
+        lambda q, k, v: attention.causal_attention(q, k, v, scale=0.3, alibi_slopes_H=slopes), q, k, v, weights)
+    assert out.shape == q.shape and _relative_error(out, want_out) < 2e-6
+    assert max(_relative_error(g, w) for g, w in zip(grads, want_grads)) < 2e-6
+
+
+def test_the_gpu_kernel_refuses_blocks_triton_cannot_tile():
+    q, k, v, _ = _inputs(96, 1, 32, jnp.float32)
+    with pytest.raises(ValueError, match="block_q=96 is not a power of two"):
+        flash_attention_gpu.flash_attention_gpu(q, k, v, scale=0.3, block_q=96, block_k=32, interpret=True)
 
 
 @pytest.mark.parametrize("block_q, block_k", [(32, 32), (64, 32), (32, 64)])
@@ -102,6 +126,16 @@ def test_grids_hold_only_blocks_on_or_below_the_diagonal(block_q, block_k):
     for tables in (flash_attention._pairs_by_query(cfg, seq_len), flash_attention._pairs_by_key(cfg, seq_len)):
         pairs = list(zip(*(np.asarray(t).tolist() for t in tables)))
         assert len(pairs) == len(set(pairs)) and set(pairs) == visible
+
+
+def test_the_gpu_kernels_lower_to_triton_for_cuda_without_a_gpu():
+    spec = jax.ShapeDtypeStruct((2, 256, 3, 64), jnp.bfloat16)
+    slopes = positions.alibi_slopes(3)
+    attend = lambda q, k, v: jnp.sum(flash_attention_gpu.flash_attention_gpu(  # noqa: E731
+        q, k, v, scale=1 / 64, alibi_slopes_H=slopes).astype(jnp.float32))
+    for fn, n_kernels in ((attend, 1), (jax.grad(attend, argnums=(0, 1, 2)), 3)):
+        text = jax.jit(fn).trace(spec, spec, spec).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == n_kernels  # forward; forward, dq and dk/dv
 
 
 @pytest.fixture

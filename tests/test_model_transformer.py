@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import completep, transformer
+from celerity_jax.model import completep, loss, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.loss import cross_entropy
 
@@ -160,3 +160,22 @@ def test_cpu_kernels_compute_the_same_loss_and_gradients(positions, seq_len):
     assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [dict(logits_chunk_len=2), dict(logits_chunk_len=4, tie_embeddings=True),
+                                       dict(logits_chunk_len="auto", positions="learned")])
+def test_the_chunked_loss_of_the_model_matches_its_whole_logits(overrides, monkeypatch):
+    monkeypatch.setattr(loss, "LOGITS_BUDGET_BYTES", 2 * 4 * 64 * 4)  # "auto": chunks of 4 positions here
+    monkeypatch.setattr(loss, "_MIN_AUTO_CHUNK", 1)
+    assert loss.logits_chunk_len("auto", 2, 8, 64) == 4
+    chunked = _cfg(**overrides)
+    whole = _cfg(**{**overrides, "logits_chunk_len": 0})
+    params = transformer.init_params(chunked, jax.random.key(0))
+    tokens, targets = _tokens(chunked), _tokens(chunked, seed=2)
+    loss_fn = lambda c: lambda p: transformer.next_token_loss(c, p, tokens, targets, z_loss=1e-3)  # noqa: E731
+    (loss_a, aux_a), grads_a = jax.jit(jax.value_and_grad(loss_fn(chunked), has_aux=True))(params)
+    (loss_b, aux_b), grads_b = jax.jit(jax.value_and_grad(loss_fn(whole), has_aux=True))(params)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+    assert float(aux_a["cross_entropy"]) == pytest.approx(float(aux_b["cross_entropy"]), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)

@@ -15,7 +15,8 @@ import pytest
 
 from celerity_jax import gin_config
 from celerity_jax.errors import ConfigError
-from celerity_jax.train import loop, step as step_lib
+from celerity_jax.model import transformer
+from celerity_jax.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
@@ -83,15 +84,15 @@ def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_pa
 
 
 def _nan_when_first_target_even(monkeypatch):
-    real = step_lib.cross_entropy
+    real = transformer.next_token_loss
 
-    def faulty(logits, targets, z_loss=0.0):
-        total, aux = real(logits, targets, z_loss)
+    def faulty(cfg, params, inputs, targets, **kwargs):
+        total, aux = real(cfg, params, inputs, targets, **kwargs)
         bad = targets[0, 0] % 2 == 0
         aux = dict(aux, cross_entropy=jnp.where(bad, jnp.nan, aux["cross_entropy"]))
         return jnp.where(bad, jnp.nan, total), aux
 
-    monkeypatch.setattr(step_lib, "cross_entropy", faulty)
+    monkeypatch.setattr(transformer, "next_token_loss", faulty)
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):

@@ -86,7 +86,9 @@ def format_report(report: dict) -> str:
         return f"nothing fits: {report['error']}"
     lines = [f"setting   mesh (data, fsdp, tensor) {tuple(report['mesh_shape'])}, {report['microbatches']} microbatches, "
              f"remat {report['remat']}, scan_layers {report['scan_layers']}, {report['compute_dtype']}, "
-             f"attention {report['attention_impl']}"]
+             f"attention {report['attention_impl']}, "
+             + (f"loss in chunks of {report['logits_chunk_len']} positions"
+                if report["logits_chunk_len"] < report["seq_len"] else "whole logits")]
     gb = report["bytes_per_chip"] / 1e9 if report["bytes_per_chip"] else float("nan")
     verdict = (f"fits, {report['headroom']:.0%} headroom" if report["fits"] else
                f"DOES NOT FIT ({report['error'] or 'over the chip memory'})")

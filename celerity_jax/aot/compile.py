@@ -16,6 +16,7 @@ from celerity_jax import accelerators, recipe, sharding
 from celerity_jax.aot import estimate, memory
 from celerity_jax.aot.cache import Cache
 from celerity_jax.errors import ConfigError
+from celerity_jax.model import loss
 from celerity_jax.train import step as step_lib
 
 ESTIMATE_NOTE = ("est_* values are XLA's cost-model estimates for the compiled program (TPU only), not "
@@ -94,6 +95,9 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
         "mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
         "scan_layers": setting.scan_layers, "compute_dtype": run.model.compute_dtype,
         "attention_impl": run.model.attention_impl, "dense_backward": run.model.dense_backward,
+        "logits_chunk_len": loss.logits_chunk_len(
+            run.model.logits_chunk_len, plan.batch_seqs // setting.microbatches // sharding.data_shards(mesh),
+            plan.seq_len, run.model.vocab_size),
         "batch_seqs": plan.batch_seqs, "seq_len": plan.seq_len, "steps": plan.steps,
         "hbm_bytes_per_chip": slice_.chip.hbm_bytes, "usable_bytes_per_chip": usable,
         "bytes_per_chip": step["bytes_per_chip"], "fits": step["error"] is None and step["bytes_per_chip"] <= usable,

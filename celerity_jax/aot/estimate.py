@@ -6,7 +6,12 @@ compiled for the same devices and mesh as the step:
 - the update (`train.step.apply_gradients`), once;
 - the gradient of one microbatch (`train.step.make_gradients`, one microbatch), times the microbatch count.
   It is compiled with its layers unrolled, at depth 1 and 2: the layers are identical, so a depth-L model costs
-  c(1) + (L − 1)·(c(2) − c(1)) whatever the depth, at the compile time of a two-layer model.
+  c(1) + (L − 1)·(c(2) − c(1)) whatever the depth, at the compile time of a two-layer model. The loop over the
+  n chunks of a chunked loss is costed the same way: compiled with one and with two chunks per iteration (its
+  body then counts twice), the step adds (n − 1) × the difference (halved for an odd n, whose leftover chunk
+  also counts).
+The Pallas attention kernels tell XLA their FLOPs, exponentials and bytes (`flash_attention._cost`), since XLA
+cannot look inside them.
 The costs are per chip: `flops`, `bytes accessed` and `optimal_seconds`, the last being the time XLA's cost
 model predicts. Only XLA:TPU gives them; XLA:GPU returns no cost analysis for a compile-only device.
 """
@@ -18,7 +23,7 @@ import jax
 from celerity_jax import sharding
 from celerity_jax.accelerators import libtpu_version
 from celerity_jax.aot.cache import Cache
-from celerity_jax.model import transformer
+from celerity_jax.model import loss, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.train import step as step_lib
 
@@ -55,22 +60,34 @@ def gradient_cost(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z
                   target: str) -> dict[str, float] | None:
     """Per-chip cost of the gradient of one microbatch of `micro_seqs` sequences, at the model's full depth, on
     `mesh` (whose devices `target` names)."""
-    def at_depth(n_layers: int):
+    def at(n_layers: int, loss_unroll: int = 1):
         cfg = dataclasses.replace(model_cfg, n_layers=n_layers, scan_layers=False)
-        lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss)
+        lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss, loss_unroll)
         return cache("gradient", lowered, target, lambda: costs(lowered.compile()))
 
-    one, two = at_depth(1), at_depth(2)
+    one, two = at(1), at(2)
     if one is None or two is None:
         return None
-    return combine((1.0, one), (model_cfg.n_layers - 1, two), (1 - model_cfg.n_layers, one))
+    total = combine((1.0, one), (model_cfg.n_layers - 1, two), (1 - model_cfg.n_layers, one))
+    shards = sharding.data_shards(mesh)
+    local_seqs = micro_seqs // shards if micro_seqs % shards == 0 else micro_seqs
+    chunks = seq_len // loss.logits_chunk_len(model_cfg.logits_chunk_len, local_seqs, seq_len, model_cfg.vocab_size)
+    if chunks == 1:
+        return total
+    # The loop over loss chunks, counted once, runs `chunks` times. With two chunks per iteration its body counts
+    # twice, plus once more for the leftover chunk of an odd count.
+    paired = at(1, loss_unroll=2)
+    if paired is None:
+        return None
+    per_chunk = combine((1.0 / (1 + chunks % 2), paired), (-1.0 / (1 + chunks % 2), one))
+    return combine((1.0, total), (chunks - 1, per_chunk))
 
 
-def _lower_gradient(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float):
+def _lower_gradient(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, loss_unroll: int = 1):
     abstract = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.key(0)))
     param_sh = sharding.param_shardings(abstract, mesh)
     batch_sh = sharding.batch_sharding(mesh)
-    gradients = jax.jit(step_lib.make_gradients(model_cfg, microbatches=1, z_loss=z_loss),
+    gradients = jax.jit(step_lib.make_gradients(model_cfg, microbatches=1, z_loss=z_loss, loss_unroll=loss_unroll),
                         in_shardings=(param_sh, batch_sh), out_shardings=(param_sh, None))
     params = sharding.with_shardings(abstract, param_sh)
     tokens = jax.ShapeDtypeStruct((micro_seqs, seq_len), "int32", sharding=batch_sh)

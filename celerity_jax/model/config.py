@@ -46,12 +46,17 @@ class ModelConfig:
     alpha_output: float = 1.095
     compute_dtype: str = "auto"  # "auto": bfloat16 on accelerators, float32 on CPU
     # How attention and the Dense backward are computed; the function is the same up to float rounding.
-    # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "xla" (XLA's
-    # jax.nn.dot_product_attention) elsewhere; "cudnn" asks for the fused GPU kernel; "flash" the Pallas TPU
-    # kernel with ALiBi computed inside it (`flash_attention.py`; the Pallas interpreter off TPU, for tests).
+    # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "flash" on TPU, "xla" (XLA's
+    # jax.nn.dot_product_attention) on GPU; "cudnn" asks for cuDNN's fused GPU kernel. "flash" is a Pallas
+    # kernel with ALiBi computed inside it: Mosaic on TPU (`flash_attention.py`), Triton on NVIDIA GPUs
+    # (`flash_attention_gpu.py`, not yet run on one, hence not auto there), the Pallas interpreter on CPU (tests).
     attention_impl: str = "auto"
     # dense_backward "auto": "transposed" (weight gradient as a plain GEMM, `matmul.py`) on CPU, "plain" elsewhere.
     dense_backward: str = "auto"
+    # Sequence positions per chunk of the loss (`loss.chunked_cross_entropy`), which then never holds the
+    # B×L×V logits at once; 0: whole logits; "auto": chunks only when one chip's logits would pass
+    # loss.LOGITS_BUDGET_BYTES (`loss.logits_chunk_len`).
+    logits_chunk_len: int | str = "auto"
     scan_layers: bool = False
     remat: str = "none"
 
@@ -79,9 +84,6 @@ class ModelConfig:
         if self.attention_impl == "cudnn" and platform not in ("gpu", "cuda"):
             _fail("attention_impl", self.attention_impl, f"runs on NVIDIA GPUs only, not on {platform}; "
                   "use 'auto' or 'xla'")
-        if self.attention_impl == "flash" and platform in ("gpu", "cuda"):
-            _fail("attention_impl", self.attention_impl, f"is a TPU kernel (on {platform} it would run in the "
-                  "Pallas interpreter); use 'cudnn' or 'xla'")
         return dataclasses.replace(self, **{name: _resolve(self, name, platform) for name in AUTO_CHOICES})
 
     @property
@@ -119,6 +121,9 @@ class ModelConfig:
         if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or not (
                 0.5 <= self.depth_alpha <= 1.0):
             _fail("depth_alpha", self.depth_alpha, "must lie in [0.5, 1] (1 is CompleteP)")
+        chunk = self.logits_chunk_len
+        if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0):
+            _fail("logits_chunk_len", chunk, "must be 'auto', 0 (whole logits) or a positive number of positions")
         if self.d_ff < 1:
             _fail("mlp_ratio", self.mlp_ratio, f"gives an MLP width of {self.d_ff}; raise it")
         if self.positions == "rope" and self.head_dim % 2:
@@ -128,11 +133,11 @@ class ModelConfig:
                   "set ModelConfig.compute_dtype = 'bfloat16' or attention_impl = 'xla'")
 
 
-# What "auto" means per platform, for the fields that accept it: CPU values, then those of accelerators.
+# What "auto" means per platform ("cpu", "tpu", "gpu"), for the fields that accept it.
 AUTO_CHOICES = {
-    "compute_dtype": ("float32", "bfloat16"),
-    "attention_impl": ("blocked", "xla"),
-    "dense_backward": ("transposed", "plain"),
+    "compute_dtype": {"cpu": "float32", "tpu": "bfloat16", "gpu": "bfloat16"},
+    "attention_impl": {"cpu": "blocked", "tpu": "flash", "gpu": "xla"},
+    "dense_backward": {"cpu": "transposed", "tpu": "plain", "gpu": "plain"},
 }
 
 
@@ -144,8 +149,7 @@ def _resolve(cfg: ModelConfig, name: str, platform: str | None = None) -> str:
         import jax
 
         platform = jax.default_backend()
-    cpu_choice, accelerator_choice = AUTO_CHOICES[name]
-    return cpu_choice if platform == "cpu" else accelerator_choice
+    return AUTO_CHOICES[name]["gpu" if platform == "cuda" else platform]
 
 
 def _fail(name: str, value, problem: str) -> None:

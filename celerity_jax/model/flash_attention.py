@@ -1,4 +1,5 @@
-"""Causal flash attention as Pallas TPU kernels, with ALiBi computed inside the kernel.
+"""Causal flash attention as Pallas TPU kernels, with ALiBi computed inside the kernel (the GPU's twin is
+`flash_attention_gpu.py`).
 
 Computes the same function as `attention.causal_attention` (softmax(scale·q·kᵀ + bias, causal)·v per head)
 without materializing the L×L scores: the forward pass keeps an online softmax (float32 running max, sum
@@ -31,45 +32,27 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from celerity_jax import sharding
-
-_MASKED = -1e30  # a finite "minus infinity": exp(_MASKED − max) is exactly 0 in float32
+MASKED = -1e30  # a finite "minus infinity": exp(MASKED − max) is exactly 0 in float32
 _LANES = 128
 _NT = (((1,), (1,)), ((), ()))  # dot_general dimension numbers for x·yᵀ
 
 
-def causal_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None):
-    """`flash_attention` as the model calls it: the Mosaic kernels where the program is lowered for a TPU (also
-    when compiled ahead of time from another host), the Pallas interpreter on other platforms (tests), and
-    shard by shard under the mesh being traced (`sharding.map_over_batch_and_heads`), since XLA cannot partition
-    a Pallas call itself."""
-    def attend(interpret: bool):
-        def run(q, k, v, *slopes):
-            return flash_attention(q, k, v, scale=scale, alibi_slopes_H=slopes[0] if slopes else None,
-                                   interpret=interpret)
-        return run
-
-    def on_this_platform(q, k, v, *slopes):
-        return lax.platform_dependent(q, k, v, *slopes, tpu=attend(False), default=attend(True))
-
-    per_head = () if alibi_slopes_H is None else (jnp.asarray(alibi_slopes_H, jnp.float32),)
-    return sharding.map_over_batch_and_heads(on_this_platform, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head)
-
-
-def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None, block_q: int = 128,
-                    block_k: int = 128, interpret: bool = False):
+def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,
+                    block_q: int | None = None, block_k: int | None = None, interpret: bool = False):
     """softmax(scale·q·kᵀ + bias, causal)·v per head; out_BxLxHxK in v's dtype.
 
     alibi_slopes_H: per-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
-    block_q, block_k: query and key rows per kernel step, clamped to L; they must divide L.
+    block_q, block_k: query and key rows per kernel step, clamped to L; they must divide L. Default: 128 where it
+    divides L, else L.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
     if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
         raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
                          f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
-    cfg = _Config(scale=float(scale), block_q=_block_size("block_q", block_q, seq_len),
-                  block_k=_block_size("block_k", block_k, seq_len), alibi=alibi_slopes_H is not None,
+    default = 128 if seq_len % 128 == 0 else seq_len
+    cfg = _Config(scale=float(scale), block_q=block_size("block_q", block_q or default, seq_len),
+                  block_k=block_size("block_k", block_k or default, seq_len), alibi=alibi_slopes_H is not None,
                   fused_heads=n_heads == 1 or head_dim % _LANES == 0, interpret=interpret)
     if alibi_slopes_H is None:
         slopes_H = jnp.zeros((n_heads,), jnp.float32)  # read by no kernel
@@ -90,7 +73,7 @@ class _Config:
     interpret: bool
 
 
-def _block_size(name: str, block: int, seq_len: int) -> int:
+def block_size(name: str, block: int, seq_len: int) -> int:
     block = min(block, seq_len)
     if block <= 0 or seq_len % block:
         raise ValueError(f"{name}={block} does not divide the sequence length {seq_len}; pass a {name} that "
@@ -176,17 +159,29 @@ def _tables(pairs):
     return jnp.asarray(q_tab), jnp.asarray(k_tab)
 
 
-def _pallas_call(cfg, kernel, shape, tables, in_specs, out_specs, out_shape, scratch_shapes):
+def _pallas_call(cfg, kernel, shape, tables, in_specs, out_specs, out_shape, scratch_shapes, cost):
     batch, _, n_heads, _ = shape
     grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(batch, n_heads, tables[0].shape[0]),
                                              in_specs=in_specs, out_specs=out_specs, scratch_shapes=scratch_shapes)
     # The last axis revisits one output block over consecutive steps, so it runs in order.
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
     return pl.pallas_call(functools.partial(kernel, cfg=cfg), grid_spec=grid_spec, out_shape=out_shape,
-                          compiler_params=params, interpret=cfg.interpret)
+                          compiler_params=params, interpret=cfg.interpret, cost_estimate=cost)
 
 
-def _out_like(x, dtype, shape=None):
+def _cost(cfg, shape, tables, itemsize: int, matmuls: int, streamed_rows: int, whole_arrays: int):
+    """What a kernel does, for XLA's cost model (which cannot look inside a Pallas call): `matmuls` block
+    products and one block of exponentials per grid step; HBM traffic of `streamed_rows` rows of head_dim
+    fetched per step, plus `whole_arrays` [L, head_dim] arrays read or written once per head."""
+    batch, seq_len, n_heads, head_dim = shape
+    steps = batch * n_heads * int(tables[0].shape[0])
+    block_elems = cfg.block_q * cfg.block_k
+    return pl.CostEstimate(flops=steps * matmuls * 2 * block_elems * head_dim, transcendentals=steps * block_elems,
+                           bytes_accessed=itemsize * head_dim * (steps * streamed_rows
+                                                                 + batch * n_heads * whole_arrays * seq_len))
+
+
+def out_like(x, dtype, shape=None):
     """An output spec varying over the same shard_map axes as x (which check_vma asks of outputs)."""
     return jax.ShapeDtypeStruct(x.shape if shape is None else shape, dtype, manual_axis_type=jax.typeof(x).mat)
 
@@ -197,12 +192,12 @@ def _crosses_diagonal(q_start, k_start, k_len):
 
 
 def _scores(cfg, x_RxK, y_CxK, slope, q_pos_RxC, k_pos_RxC, masked: bool):
-    """scale·x·yᵀ (+ ALiBi) in float32, with −∞ (as _MASKED) where the key follows the query if `masked`."""
+    """scale·x·yᵀ (+ ALiBi) in float32, with −∞ (as MASKED) where the key follows the query if `masked`."""
     s_RxC = lax.dot_general(x_RxK, y_CxK, _NT, preferred_element_type=jnp.float32) * cfg.scale
     if cfg.alibi:
         s_RxC = s_RxC + slope * (k_pos_RxC - q_pos_RxC).astype(jnp.float32)
     if masked:
-        s_RxC = jnp.where(k_pos_RxC <= q_pos_RxC, s_RxC, _MASKED)
+        s_RxC = jnp.where(k_pos_RxC <= q_pos_RxC, s_RxC, MASKED)
     return s_RxC
 
 
@@ -226,11 +221,12 @@ def _forward(cfg, q, k, v, slopes_H, shape):
     in_specs = [_SMEM_SPEC, _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1),
                 _rows_spec(cfg, cfg.block_k, head_dim, 1)]
     out_specs = [_rows_spec(cfg, cfg.block_q, head_dim, 0), _row_stats_spec(cfg)]
-    out_shape = [_out_like(q, v.dtype),
-                 _out_like(q, jnp.float32, (batch, n_heads, 1, seq_len))]
+    out_shape = [out_like(q, v.dtype),
+                 out_like(q, jnp.float32, (batch, n_heads, 1, seq_len))]
     scratch = [pltpu.VMEM((cfg.block_q, 1), jnp.float32), pltpu.VMEM((cfg.block_q, 1), jnp.float32),
                pltpu.VMEM((cfg.block_q, head_dim), jnp.float32)]
-    return _pallas_call(cfg, _forward_kernel, shape, tables, in_specs, out_specs, out_shape, scratch)(
+    cost = _cost(cfg, shape, tables, q.dtype.itemsize, matmuls=2, streamed_rows=2 * cfg.block_k, whole_arrays=2)
+    return _pallas_call(cfg, _forward_kernel, shape, tables, in_specs, out_specs, out_shape, scratch, cost)(
         *tables, slopes_H, q, k, v)
 
 
@@ -282,8 +278,9 @@ def _backward_dq(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
     q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1)
     in_specs = [_SMEM_SPEC, q_spec, k_spec, k_spec, q_spec, _row_stats_spec(cfg), _row_stats_spec(cfg)]
     scratch = [pltpu.VMEM((cfg.block_q, head_dim), jnp.float32)]
-    return _pallas_call(cfg, _dq_kernel, shape, tables, in_specs, q_spec, _out_like(q, q.dtype),
-                        scratch)(*tables, slopes_H, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL)
+    cost = _cost(cfg, shape, tables, q.dtype.itemsize, matmuls=3, streamed_rows=2 * cfg.block_k, whole_arrays=3)
+    return _pallas_call(cfg, _dq_kernel, shape, tables, in_specs, q_spec, out_like(q, q.dtype),
+                        scratch, cost)(*tables, slopes_H, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL)
 
 
 def _dq_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, d_ref, dq_ref, dq_acc_ref, *, cfg):
@@ -319,10 +316,11 @@ def _backward_dkv(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
     tables = _pairs_by_key(cfg, seq_len)
     q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1)
     in_specs = [_SMEM_SPEC, q_spec, k_spec, k_spec, q_spec, _row_stats_spec(cfg), _row_stats_spec(cfg)]
-    out_shape = [_out_like(k, k.dtype), _out_like(v, v.dtype)]
+    out_shape = [out_like(k, k.dtype), out_like(v, v.dtype)]
     scratch = [pltpu.VMEM((cfg.block_k, head_dim), jnp.float32), pltpu.VMEM((cfg.block_k, head_dim), jnp.float32)]
     kernel = functools.partial(_dkv_kernel, seq_len=seq_len)
-    return _pallas_call(cfg, kernel, shape, tables, in_specs, [k_spec, k_spec], out_shape, scratch)(
+    cost = _cost(cfg, shape, tables, q.dtype.itemsize, matmuls=4, streamed_rows=2 * cfg.block_q, whole_arrays=4)
+    return _pallas_call(cfg, kernel, shape, tables, in_specs, [k_spec, k_spec], out_shape, scratch, cost)(
         *tables, slopes_H, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL)
 
 

@@ -13,7 +13,7 @@ import flax.linen as nn
 
 from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import attention, completep, flash_attention, matmul, positions
+from celerity_jax.model import attention, completep, flash_attention, flash_attention_gpu, loss, matmul, positions
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
@@ -61,8 +61,8 @@ class Attention(nn.Module):
             out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
                                                      alibi_slopes_H=slopes_H)
         elif cfg.attention_kernel == "flash":
-            out_BxLxHxK = flash_attention.causal_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
-                                                                 alibi_slopes_H=slopes_H)
+            out_BxLxHxK = platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
+                                                   alibi_slopes_H=slopes_H)
         else:
             bias = None
             if cfg.positions == "alibi":
@@ -72,6 +72,25 @@ class Attention(nn.Module):
             out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
                                                        scale=scale, implementation=cfg.attention_kernel)
         return _dense(cfg, d, "o")(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
+
+
+def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H):
+    """The Pallas flash kernel of the platform the program is lowered for (also when compiled ahead of time from
+    another host): Mosaic on a TPU, Triton on an NVIDIA GPU, the TPU kernel in the Pallas interpreter elsewhere
+    (tests). It runs shard by shard under the mesh being traced, since XLA cannot partition a Pallas call."""
+    def attend(kernel, interpret: bool = False):
+        def run(q, k, v, *slopes):
+            return kernel(q, k, v, scale=scale, alibi_slopes_H=slopes[0] if slopes else None, interpret=interpret)
+        return run
+
+    def on_this_platform(q, k, v, *slopes):
+        return jax.lax.platform_dependent(
+            q, k, v, *slopes, tpu=attend(flash_attention.flash_attention),
+            cuda=attend(flash_attention_gpu.flash_attention_gpu),
+            default=attend(flash_attention.flash_attention, interpret=True))
+
+    per_head = () if alibi_slopes_H is None else (jnp.asarray(alibi_slopes_H, jnp.float32),)
+    return sharding.map_over_batch_and_heads(on_this_platform, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head)
 
 
 class Mlp(nn.Module):
@@ -112,7 +131,8 @@ class Transformer(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens_BxL):
+    def __call__(self, tokens_BxL, *, unembed: bool = True):
+        """(logits_BxLxV, stats); with unembed=False, (final hidden states x_BxLxD, unembed_DxV, stats)."""
         cfg = self.cfg
         mult = completep.forward_multipliers(cfg)
         embed_VxD = self.param("embed", _unit_normal, (cfg.vocab_size, cfg.d_model))
@@ -144,6 +164,8 @@ class Transformer(nn.Module):
             unembed_DxV = embed_VxD.T
         else:
             unembed_DxV = self.param("unembed", _unit_normal, (cfg.d_model, cfg.vocab_size))
+        if not unembed:
+            return x_BxLxD, unembed_DxV, stats
         logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.dtype),
                                preferred_element_type=jnp.float32) * mult["output"]
         stats["logits_rms"] = _rms(logits_BxLxV)
@@ -168,8 +190,28 @@ def apply(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, *, return_stats
 
     With return_stats, also a dict of RMS values: embed_rms, residual_rms (one per layer), logits_rms.
     """
+    _check_tokens(cfg, tokens_BxL)
+    logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, tokens_BxL)
+    return (logits_BxLxV, stats) if return_stats else logits_BxLxV
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("z_loss", "loss_unroll"))
+def next_token_loss(cfg: ModelConfig, params: dict, inputs_BxL: jax.Array, targets_BxL: jax.Array, *,
+                    z_loss: float = 0.0, loss_unroll: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`loss.cross_entropy` of the model's logits, computed in chunks of ModelConfig.logits_chunk_len positions
+    when that asks for chunks (the logits then never exist whole); loss_unroll: chunks per iteration of its loop."""
+    _check_tokens(cfg, inputs_BxL)
+    batch, seq_len = inputs_BxL.shape
+    chunk_len = loss.logits_chunk_len(cfg.logits_chunk_len, sharding.local_batch(batch), seq_len, cfg.vocab_size)
+    if chunk_len == seq_len:
+        logits_BxLxV, _ = Transformer(cfg).apply({"params": params}, inputs_BxL)
+        return loss.cross_entropy(logits_BxLxV, targets_BxL, z_loss)
+    x_BxLxD, unembed_DxV, _ = Transformer(cfg).apply({"params": params}, inputs_BxL, unembed=False)
+    return loss.chunked_cross_entropy(x_BxLxD, unembed_DxV, targets_BxL, chunk_len=chunk_len, z_loss=z_loss,
+                                      logit_scale=completep.forward_multipliers(cfg)["output"], unroll=loss_unroll)
+
+
+def _check_tokens(cfg: ModelConfig, tokens_BxL: jax.Array) -> None:
     if tokens_BxL.ndim != 2 or tokens_BxL.shape[1] > cfg.max_seq_len:
         raise ConfigError(f"tokens of shape {tokens_BxL.shape} do not fit ModelConfig.max_seq_len="
                           f"{cfg.max_seq_len}; pass [batch, length] with length <= max_seq_len")
-    logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, tokens_BxL)
-    return (logits_BxLxV, stats) if return_stats else logits_BxLxV

@@ -12,7 +12,6 @@ from celerity_jax import optim, sharding
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.model import completep, transformer
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.loss import cross_entropy
 
 
 @jax.tree_util.register_dataclass
@@ -43,10 +42,10 @@ def state_shardings(abstract_state: TrainState, mesh, optimizer: optax.GradientT
                       bad_steps=rep, first_bad_step=rep)
 
 
-def _loss_fn(model_cfg: ModelConfig, z_loss: float):
+def _loss_fn(model_cfg: ModelConfig, z_loss: float, loss_unroll: int = 1):
     def loss_fn(params, batch):
-        logits_BxLxV = transformer.apply(model_cfg, params, batch["inputs"])
-        total, aux = cross_entropy(logits_BxLxV, batch["targets"], z_loss)
+        total, aux = transformer.next_token_loss(model_cfg, params, batch["inputs"], batch["targets"], z_loss=z_loss,
+                                                 loss_unroll=loss_unroll)
         return total, aux["cross_entropy"]
     return loss_fn
 
@@ -117,9 +116,11 @@ def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainS
     return new_state, metrics
 
 
-def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float) -> Callable:
-    """(params, batch) -> (mean gradient, mean cross-entropy) over `microbatches` slices of the batch."""
-    loss_fn = _loss_fn(model_cfg, z_loss)
+def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float, loss_unroll: int = 1) -> Callable:
+    """(params, batch) -> (mean gradient, mean cross-entropy) over `microbatches` slices of the batch.
+    loss_unroll: loss chunks per iteration of the loop over them (`transformer.next_token_loss`), for XLA's cost
+    analysis."""
+    loss_fn = _loss_fn(model_cfg, z_loss, loss_unroll)
     return lambda params, batch: _grads(loss_fn, params, batch, microbatches)
 
 

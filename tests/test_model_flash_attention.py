@@ -119,7 +119,7 @@ def test_the_gpu_kernel_refuses_blocks_triton_cannot_tile():
 
 @pytest.mark.parametrize("block_q, block_k", [(32, 32), (64, 32), (32, 64)])
 def test_grids_hold_only_blocks_on_or_below_the_diagonal(block_q, block_k):
-    cfg = flash_attention._Config(scale=1.0, block_q=block_q, block_k=block_k, alibi=False, fused_heads=True,
+    cfg = flash_attention.KernelConfig(scale=1.0, block_q=block_q, block_k=block_k, alibi=False, fused_heads=True,
                                   interpret=True)
     seq_len = 256
     visible = {(i // block_q, j // block_k) for i in range(seq_len) for j in range(i + 1)}

@@ -48,9 +48,10 @@ def _skipped(setting: Setting, reason: str) -> dict:
             "headroom": None, "est_step_seconds": None, "est_mfu": None}
 
 
-def search(configs, topology: str, *, cache: Cache = Cache(None), try_unrolled: bool = True,
+def search(configs, topology: str, *, cache: Cache = Cache(None), try_unrolled: bool = True, meshes=None,
            log=print) -> tuple[dict | None, list[dict]]:
-    """(the chosen report or None, every report tried); `try_unrolled` False skips the unrolled compile."""
+    """(the chosen report or None, every report tried); `try_unrolled` False skips the unrolled compile; `meshes`
+    replaces the candidate meshes."""
     slice_, _ = slice_devices(topology)
     plan = recipe.make_plan(configs.model, configs.recipe)
     tried = []
@@ -61,7 +62,7 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), try_unrolled: 
         log(format_row(report))
         return report
 
-    for mesh in candidate_meshes(slice_.chips, configs.model.n_heads):
+    for mesh in meshes or candidate_meshes(slice_.chips, configs.model.n_heads):
         shards = mesh[0] * mesh[1]
         state_bytes = plan.n_params * STATE_BYTES_PER_PARAM / (mesh[1] * mesh[2])
         if plan.batch_seqs % shards:

@@ -46,31 +46,39 @@ def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slop
     divides L, else L.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
-    if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
-        raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
-                         f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
+    slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     default = 128 if seq_len % 128 == 0 else seq_len
-    cfg = _Config(scale=float(scale), block_q=block_size("block_q", block_q or default, seq_len),
+    cfg = KernelConfig(scale=float(scale), block_q=block_size("block_q", block_q or default, seq_len),
                   block_k=block_size("block_k", block_k or default, seq_len), alibi=alibi_slopes_H is not None,
                   fused_heads=n_heads == 1 or head_dim % _LANES == 0, interpret=interpret)
-    if alibi_slopes_H is None:
-        slopes_H = jnp.zeros((n_heads,), jnp.float32)  # read by no kernel
-    else:
-        slopes_H = jnp.asarray(alibi_slopes_H, jnp.float32)
-        if slopes_H.shape != (n_heads,):
-            raise ValueError(f"alibi_slopes_H has shape {slopes_H.shape}; expected ({n_heads},), one per head")
     return _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H)
 
 
+def checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H) -> jax.Array:
+    """The slopes as float32 [H] (zeros, read by no kernel, without ALiBi), after checking that q, k, v share one
+    [B, L, H, K] shape and that there is one slope per head."""
+    if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
+        raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
+                         f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
+    n_heads = q_BxLxHxK.shape[2]
+    if alibi_slopes_H is None:
+        return jnp.zeros((n_heads,), jnp.float32)
+    slopes_H = jnp.asarray(alibi_slopes_H, jnp.float32)
+    if slopes_H.shape != (n_heads,):
+        raise ValueError(f"alibi_slopes_H has shape {slopes_H.shape}; expected ({n_heads},), one per head")
+    return slopes_H
+
+
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class KernelConfig:
+    """The static settings of one attention call (shared with the GPU kernels, which ignore fused_heads)."""
     scale: float
     block_q: int
     block_k: int
     alibi: bool
-    fused_heads: bool  # kernels read [B, L, H·K] (else [B, H, L, K])
     interpret: bool
+    fused_heads: bool = False  # TPU kernels read [B, L, H·K] (else [B, H, L, K])
 
 
 def block_size(name: str, block: int, seq_len: int) -> int:

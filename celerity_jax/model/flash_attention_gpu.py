@@ -11,7 +11,6 @@ Triton needs power-of-two block shapes: a head_dim that is not one (or under 16)
 and the block sizes are powers of two dividing L. Not yet run on a GPU: its numerics are tested in the Pallas interpreter only.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -20,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from celerity_jax.model.flash_attention import MASKED, block_size, out_like
+from celerity_jax.model.flash_attention import MASKED, KernelConfig, block_size, checked_slopes, out_like
 
 
 def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,
@@ -32,9 +31,7 @@ def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_
     the largest power of two up to 64 that divides L.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
-    if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
-        raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
-                         f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
+    slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     padded_dim = max(16, _next_power_of_two(head_dim))
     if padded_dim != head_dim:  # zero features change no score and add output columns that are cut off
@@ -44,27 +41,13 @@ def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_
                                   interpret=interpret)
         return out[..., :head_dim]
     default = seq_len & -seq_len  # the largest power of two dividing L
-    cfg = _Config(scale=float(scale),
+    cfg = KernelConfig(scale=float(scale),
                   block_q=_power_of_two("block_q", block_size("block_q", block_q or min(default, 64), seq_len)),
                   block_k=_power_of_two("block_k", block_size("block_k", block_k or min(default, 64), seq_len)),
                   alibi=alibi_slopes_H is not None, interpret=interpret)
     # A whole power-of-two vector of slopes, from which each program picks its head's.
-    slopes = jnp.zeros((_next_power_of_two(n_heads),), jnp.float32)
-    if alibi_slopes_H is not None:
-        slopes_H = jnp.asarray(alibi_slopes_H, jnp.float32)
-        if slopes_H.shape != (n_heads,):
-            raise ValueError(f"alibi_slopes_H has shape {slopes_H.shape}; expected ({n_heads},), one per head")
-        slopes = slopes.at[:n_heads].set(slopes_H)
+    slopes = jnp.zeros((_next_power_of_two(n_heads),), jnp.float32).at[:n_heads].set(slopes_H)
     return _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    scale: float
-    block_q: int
-    block_k: int
-    alibi: bool
-    interpret: bool
 
 
 def _next_power_of_two(n: int) -> int:

@@ -56,6 +56,7 @@ def test_auto_resolves_for_the_target_not_the_host():
                                                                                             "plain")
 
 
+@pytest.mark.slow  # 17 s
 def test_loop_correction_counts_every_microbatch():
     configs = _configs("RecipeConfig.batch_seqs = 16")
     one = compile_report(configs, SLICE, Setting((1, 4, 1), 1, "none", False))
@@ -84,7 +85,9 @@ def test_gradient_cost_extrapolated_from_two_layers_matches_a_direct_compile():
     assert extrapolated["optimal_seconds"] == pytest.approx(direct["optimal_seconds"], rel=0.1)
 
 
-@pytest.mark.parametrize("chunk_len", [16, 32, 8])  # 16 / 16 or 64 / 32 chunks, and an odd count at 8 of 24
+# 16 and 8 chunks of 256 positions (slow), and an odd count: 3 chunks of 8 in 24
+@pytest.mark.parametrize("chunk_len", [pytest.param(16, marks=pytest.mark.slow),
+                                       pytest.param(32, marks=pytest.mark.slow), 8])
 def test_the_estimate_counts_every_chunk_of_a_chunked_loss(chunk_len):
     configs = _configs("ModelConfig.vocab_size = 4096", "ModelConfig.max_seq_len = 256")
     configs = apply_setting(configs, Setting((1, 4, 1), 1, "none", False), "tpu")
@@ -104,6 +107,7 @@ def test_a_step_that_cannot_fit_is_reported_not_raised():
     assert report["est_step_seconds"] is None
 
 
+@pytest.mark.slow  # 40 s
 def test_search_returns_a_setting_that_fits_and_what_it_tried(tmp_path):
     best, tried = search.search(_configs(), SLICE, cache=Cache(str(tmp_path)), log=lambda _: None)
     assert search.usable(best) and best in tried

@@ -62,10 +62,10 @@ def traced_batch_shards() -> int:
     return data_shards(mesh)
 
 
-def local_batch(batch: int) -> int:
-    """Rows of a [batch, ...] activation on one chip under the mesh being traced: the batch split over data ×
-    fsdp where that divides it, else whole."""
-    shards = traced_batch_shards()
+def local_batch(batch: int, mesh: Mesh | None = None) -> int:
+    """Rows of a [batch, ...] activation on one chip of `mesh` (default: the mesh being traced under): the batch
+    split over data × fsdp where that divides it, else whole."""
+    shards = traced_batch_shards() if mesh is None else data_shards(mesh)
     return batch // shards if batch % shards == 0 else batch
 
 

@@ -67,20 +67,16 @@ def _compare(case, dtype, kernel):
     return _relative_error(out, want_out), [_relative_error(g, w) for g, w in zip(grads, want_grads)]
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("case", F32_CASES, ids=str)
-def test_float32_values_and_gradients_match_the_reference(case, kernel):
-    out_error, grad_errors = _compare(case, jnp.float32, kernel)
-    assert out_error < 2e-6
-    assert max(grad_errors) < 2e-6, grad_errors
+# (case, dtype, bound on the relative error of the output and of each gradient)
+TOLERANCES = [(case, jnp.float32, 2e-6) for case in F32_CASES] + [(case, jnp.bfloat16, 2e-2) for case in BF16_CASES]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("case", BF16_CASES, ids=str)
-def test_bfloat16_values_and_gradients_match_the_reference(case, kernel):
-    out_error, grad_errors = _compare(case, jnp.bfloat16, kernel)
-    assert out_error < 2e-2
-    assert max(grad_errors) < 2e-2, grad_errors
+@pytest.mark.parametrize("case, dtype, bound", TOLERANCES, ids=str)
+def test_values_and_gradients_match_the_reference(case, dtype, bound, kernel):
+    out_error, grad_errors = _compare(case, dtype, kernel)
+    assert out_error < bound
+    assert max(grad_errors) < bound, grad_errors
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -96,7 +96,7 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
         "scan_layers": setting.scan_layers, "compute_dtype": run.model.compute_dtype,
         "attention_impl": run.model.attention_impl, "dense_backward": run.model.dense_backward,
         "logits_chunk_len": loss.logits_chunk_len(
-            run.model.logits_chunk_len, plan.batch_seqs // setting.microbatches // sharding.data_shards(mesh),
+            run.model.logits_chunk_len, sharding.local_batch(plan.batch_seqs // setting.microbatches, mesh),
             plan.seq_len, run.model.vocab_size),
         "batch_seqs": plan.batch_seqs, "seq_len": plan.seq_len, "steps": plan.steps,
         "hbm_bytes_per_chip": slice_.chip.hbm_bytes, "usable_bytes_per_chip": usable,

@@ -69,9 +69,8 @@ def gradient_cost(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z
     if one is None or two is None:
         return None
     total = combine((1.0, one), (model_cfg.n_layers - 1, two), (1 - model_cfg.n_layers, one))
-    shards = sharding.data_shards(mesh)
-    local_seqs = micro_seqs // shards if micro_seqs % shards == 0 else micro_seqs
-    chunks = seq_len // loss.logits_chunk_len(model_cfg.logits_chunk_len, local_seqs, seq_len, model_cfg.vocab_size)
+    chunks = seq_len // loss.logits_chunk_len(model_cfg.logits_chunk_len, sharding.local_batch(micro_seqs, mesh),
+                                              seq_len, model_cfg.vocab_size)
     if chunks == 1:
         return total
     # The loop over loss chunks, counted once, runs `chunks` times. With two chunks per iteration its body counts

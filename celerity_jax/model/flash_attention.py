@@ -194,6 +194,12 @@ def out_like(x, dtype, shape=None):
     return jax.ShapeDtypeStruct(x.shape if shape is None else shape, dtype, manual_axis_type=jax.typeof(x).mat)
 
 
+def _grid_step(cfg, q_tab, k_tab, slopes_ref):
+    """The first query and first key of this grid step's block pair, and its head's ALiBi slope."""
+    t = pl.program_id(2)
+    return q_tab[t] * cfg.block_q, k_tab[t] * cfg.block_k, slopes_ref[pl.program_id(1)]
+
+
 def _crosses_diagonal(q_start, k_start, k_len):
     """Whether the block holds a key after a query (j > i), i.e. needs the causal mask."""
     return k_start + k_len - 1 > q_start
@@ -242,9 +248,7 @@ def _forward_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, out_ref, lse_
                     *, cfg):
     """One (query block, key block) step of the online softmax; the last key block of a row writes it out."""
     bq, bk = cfg.block_q, cfg.block_k
-    t = pl.program_id(2)
-    q_start, k_start = q_tab[t] * bq, k_tab[t] * bk
-    slope = slopes_ref[pl.program_id(1)]
+    q_start, k_start, slope = _grid_step(cfg, q_tab, k_tab, slopes_ref)
 
     @pl.when(k_start == 0)
     def _start_row_block():
@@ -294,9 +298,7 @@ def _backward_dq(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
 def _dq_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, d_ref, dq_ref, dq_acc_ref, *, cfg):
     """dq of one query block, accumulated over its key blocks (queries along rows)."""
     bq, bk = cfg.block_q, cfg.block_k
-    t = pl.program_id(2)
-    q_start, k_start = q_tab[t] * bq, k_tab[t] * bk
-    slope = slopes_ref[pl.program_id(1)]
+    q_start, k_start, slope = _grid_step(cfg, q_tab, k_tab, slopes_ref)
 
     @pl.when(k_start == 0)
     def _start_row_block():
@@ -337,9 +339,7 @@ def _dkv_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref
     """dk and dv of one key block, accumulated over its query blocks. Keys along rows (scores transposed),
     so the per-query logsumexp and D broadcast along lanes as stored."""
     bq, bk = cfg.block_q, cfg.block_k
-    t = pl.program_id(2)
-    q_start, k_start = q_tab[t] * bq, k_tab[t] * bk
-    slope = slopes_ref[pl.program_id(1)]
+    q_start, k_start, slope = _grid_step(cfg, q_tab, k_tab, slopes_ref)
 
     @pl.when(q_start == k_start // bq * bq)  # the key block's first query block, on the diagonal
     def _start_key_block():

@@ -6,10 +6,12 @@ Gin is parsed only by the commands that take `--gin_file` (see `celerity_jax.gin
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from celerity_jax import hostmem
-from celerity_jax.errors import ConfigError
+from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 
 COMMAND_MODULES = (
     "celerity_jax.model.commands",
@@ -32,13 +34,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Runs one command. Errors a user can act on print one line (with CELERITY_VERBOSE=1, the traceback too)."""
     hostmem.retain_freed_memory()  # first, before JAX allocates (CELERITY_RETAIN_HOST_MEMORY=0 turns it off)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("celerity: interrupted", file=sys.stderr)
+        return 130
+    verbose = getattr(args, "verbose", False) or os.environ.get("CELERITY_VERBOSE", "") not in ("", "0")
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
-        print(f"celerity {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        message, code = f"error: {e}", 2
+    except RunStopped as e:
+        message, code = str(e), e.exit_code
+    except KeyboardInterrupt:
+        message, code = "interrupted", 130
+    except OSError as e:
+        if e.errno not in DISK_ERRNOS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        message, code = f"error: {e.strerror}{where}; free space or fix permissions, then rerun", 2
+    if verbose:
+        traceback.print_exc()
+    print(f"celerity {args.command}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+import tokenize
+from collections.abc import Callable, Mapping, Sequence
 
 import gin
 
@@ -48,12 +49,15 @@ def parse_gin(gin_files: Sequence[str], gin_params: Sequence[str] = (), *,
     logging.disable(logging.ERROR)
     try:
         with _includes_beside(gin_files):
-            gin.parse_config_files_and_bindings(list(gin_files), list(gin_params))
-    except SyntaxError as e:  # its message lacks the offending binding
-        raise ConfigError(f"gin: {e.filename or '--gin_param'}, line {e.lineno}: {e.text!r}: "
-                          f"{e.msg}\nFix: {_fix_for(e.msg)}") from None
-    except (ValueError, OSError) as e:
-        raise ConfigError(f"gin: {e}\nFix: {_fix_for(str(e))}") from None
+            for path in gin_files:
+                _parse(gin.parse_config_file, path, in_file=True)
+            # One binding at a time, so that an error names its binding.
+            for binding in gin_params:
+                _parse(gin.parse_config, binding, in_file=False)
+        try:
+            gin.finalize()
+        except ValueError as e:  # a %macro that nothing binds
+            raise _gin_error(None, str(e)) from None
     finally:
         logging.disable(previous_disable)
     configs = {}
@@ -64,7 +68,10 @@ def parse_gin(gin_files: Sequence[str], gin_params: Sequence[str] = (), *,
             bound = gin.get_bindings(cls)
             kwargs = {f.name: getattr(start, f.name) for f in dataclasses.fields(start)
                       if f.name not in bound}
-        configs[key] = _CONFIGURABLES[key](**kwargs)
+        try:
+            configs[key] = _CONFIGURABLES[key](**kwargs)
+        except ConfigError as e:  # gin appends its own lines to the message, which names the field already
+            raise ConfigError(str(e).partition("\n  In call to configurable")[0]) from None
     return configs
 
 
@@ -98,14 +105,46 @@ def _includes_beside(gin_files: Sequence[str]):
         prefixes[:] = saved
 
 
-def _fix_for(message: str) -> str:
+def _parse(parse: Callable[[str], object], source: str, in_file: bool) -> None:
+    """Runs `parse` on a gin file's path or on one binding; an error becomes a ConfigError naming the file
+    and line, or the binding."""
+    try:
+        parse(source)
+        return
+    except SyntaxError as e:  # gin's parser, which puts the location in the exception
+        message, location = e.msg, (e.filename, e.lineno, e.text or "")
+    except (tokenize.TokenError, ValueError, OSError, ImportError) as e:  # gin appends any location to the message
+        # The tokenizer ran to the end of the text inside brackets or quotes: its own message is unhelpful.
+        message = "a bracket or a string quote is never closed" if isinstance(e, tokenize.TokenError) else str(e)
+        location = m.groups() if (m := re.search(r'In file "(.*)", line (\d+)\n +(.*)', str(e))) else None
+    if not in_file:
+        where = f"--gin_param {source!r}"
+    elif location:
+        where = f"{location[0]}, line {location[1]}: {location[2].strip()!r}"
+    else:
+        where = source
+    raise _gin_error(where, message) from None
+
+
+def _gin_error(where: str | None, message: str) -> ConfigError:
+    """One line naming the problem (the first line of gin's message) and where it is, then the fix."""
     classes = {cls.__name__: cls for _, cls in CONFIGS}
-    if m := re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", message):
+    problem = message.split("\n")[0]
+    fix = "write bindings as `Class.field = value` with Python literals (e.g. 20, 0.15, 'd2z', None)"
+    m = re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", message)
+    if m and m.group(1) in classes:
         fields = [f.name for f in dataclasses.fields(classes[m.group(1)])]
-        return f"{m.group(1)} has no field {m.group(2)!r}; its fields are: {', '.join(fields)}"
-    if m := re.search(r"No configurable matching '([\w.]+)'", message):
-        return f"{m.group(1)!r} is not a config class; bind one of: {', '.join(classes)}"
-    if "Unable to open file" in message:
-        return ("includes are looked up beside the including gin file, then in the current "
-                "directory; check the path")
-    return "write bindings as `Class.field = value` with Python literals (e.g. 20, 0.15, 'd2z', None)"
+        fix = f"{m.group(1)} has no field {m.group(2)!r}; its fields are: {', '.join(fields)}"
+    elif m := re.search(r"No configurable matching '([\w.]+)'", message):
+        fix = f"{m.group(1)!r} is not a config class; bind one of: {', '.join(classes)}"
+    elif "Unable to open file" in message:
+        fix = "includes are looked up beside the including gin file, then in the current directory; check the path"
+    elif m := re.search(r"Failed to parse token '(.*)'", message):  # gin's first line shows an ast object
+        problem = f"{m.group(1)} is not a Python literal"
+        fix = "put strings in quotes (e.g. DataConfig.source = 'text'); numbers, True, False and None go bare"
+    elif "never closed" in message:
+        fix = "close every (, [ and { and every quote the value opens, on the same binding"
+    elif m := re.search(r"No bindings specified for '(\w+)/gin.macro'", message):
+        problem = f"the macro %{m.group(1)} is used but never bound"
+        fix = f"bind it (`{m.group(1)} = value`) or write the value in its place"
+    return ConfigError(f"gin: {where + ': ' if where else ''}{problem}\nFix: {fix}")

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from celerity_jax import schedules
+from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, params
 from celerity_jax.model.config import ModelConfig
@@ -49,10 +50,7 @@ class RecipeConfig:
     bands: tuple[float, ...] = (20.0, 80.0, 234.0)  # TPP bands whose tokens and FLOPs are reported
 
     def __post_init__(self):
-        for name in ("seq_len", "batch_multiple", "batch_seqs"):
-            value = getattr(self, name)
-            law = name == "batch_seqs" and value is None
-            _check(law or type(value) is int, name, value, "must be an integer")
+        check_field_types(self)
         positive = {
             "tpp": "e.g. 20, 80 or 234", "tau_law_coef": "e.g. 0.78",
             "batch_law_coef": "e.g. 20", "seq_len": "e.g. 8192", "base_lr": "e.g. 0.15",

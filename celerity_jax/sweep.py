@@ -274,7 +274,7 @@ def steps_done(run: SweepRun, force_new: bool) -> int:
     """Steps in the run's curve.csv (0 if none); refuses a workdir holding a different run unless
     `force_new` (then 0: the trainer archives it)."""
     from celerity_jax.collapse import loading
-    from celerity_jax.train.loop import check_workdir
+    from celerity_jax.train.rundir import check_workdir
 
     try:
         check_workdir(run.workdir, run.identity, force_new=False)
@@ -299,6 +299,7 @@ def stop_step(plan, frac: float) -> int:
 def train_run(run: SweepRun, until_step: int, train_fn, force_new: bool, log) -> float:
     """Trains (or resumes) `run` up to `until_step` unless it is there; returns the seconds it took."""
     from celerity_jax import gin_config
+    from celerity_jax.train.interrupts import Interrupted
     from celerity_jax.train.loop import RunConfigs
 
     done = steps_done(run, force_new)
@@ -308,8 +309,11 @@ def train_run(run: SweepRun, until_step: int, train_fn, force_new: bool, log) ->
     log(f"\n== {run.label}: steps {max(done, 0)} -> {until_step} of {run.plan.steps}")
     configs = gin_config.parse_gin(run.gin_files, params)
     start = time.time()
-    train_fn(RunConfigs(**configs), run.workdir, operative_config=gin_config.operative_config_str(),
-             force_new=done < 0)
+    summary = train_fn(RunConfigs(**configs), run.workdir, operative_config=gin_config.operative_config_str(),
+                       force_new=done < 0)
+    if summary and summary.get("stopped") == "interrupted":
+        raise Interrupted(f"interrupted while training {run.label} (its checkpoint is saved); rerun the same "
+                          "command to resume the sweep")
     return time.time() - start
 
 
@@ -586,7 +590,11 @@ def run_sweep(spec: SweepSpec, train_fn=None, log=print) -> dict:
 
 
 def cmd_sweep(args) -> int:
-    summary = run_sweep(spec_from_args(args))
+    from celerity_jax.train import rundir
+
+    spec = spec_from_args(args)
+    with rundir.locked(spec.workdir):
+        summary = run_sweep(spec)
     print("\n" + render_markdown(summary))
     print(f"wrote {os.path.join(args.workdir, 'sweep.json')} and {os.path.join(args.workdir, 'sweep.md')}")
     return 0

@@ -1,6 +1,6 @@
 """`celerity train`: parse gin at the entry point, then run `celerity_jax.train.loop.train`."""
 
-import sys
+from celerity_jax.train import interrupts
 
 
 def add_commands(subparsers) -> None:
@@ -16,24 +16,27 @@ def add_commands(subparsers) -> None:
     p.add_argument("--coordinator_address", help="multi-host: host:port of process 0 (implies --distributed)")
     p.add_argument("--num_processes", type=int, help="multi-host: number of processes")
     p.add_argument("--process_id", type=int, help="multi-host: this process's index")
+    p.add_argument("--verbose", action="store_true",
+                   help="library logs and full tracebacks on the console too (else in <workdir>/celerity.log); "
+                        "CELERITY_VERBOSE=1 does the same")
     p.set_defaults(func=run_train)
 
 
 def run_train(args) -> int:
-    import jax
+    with interrupts.handled():  # before JAX starts: an early Ctrl-C must not land inside its callbacks
+        import jax
 
-    if args.coordinator_address:
-        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    elif args.distributed:
-        jax.distributed.initialize()
-    from celerity_jax import gin_config
-    from celerity_jax.train.loop import TrainingDiverged
+        if args.coordinator_address:
+            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        elif args.distributed:
+            jax.distributed.initialize()
+        from celerity_jax import gin_config
 
-    try:
-        summary = gin_config.train_from_gin(args.gin_file, args.gin_param, args.workdir, force_new=args.force_new)
-    except TrainingDiverged as e:
-        print(f"celerity train: {e}", file=sys.stderr)
-        return 3
+        interrupts.raise_if_requested()
+        summary = gin_config.train_from_gin(args.gin_file, args.gin_param, args.workdir, force_new=args.force_new,
+                                            verbose=args.verbose)
     if jax.process_index() == 0:
-        print(f"{summary['stopped']} at step {summary['final_step']}/{summary['steps']}: {args.workdir}")
+        skipped = summary["skipped_steps"]
+        note = f" ({skipped} steps skipped: loss not finite)" if skipped else ""
+        print(f"{summary['stopped']} at step {summary['final_step']}/{summary['steps']}{note}: {args.workdir}")
     return 0

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -144,6 +145,36 @@ def test_bad_input_names_the_file_and_overwrites_nothing(capsys, family, tmp_pat
         f.write("step,loss\n" + "".join(f"{s},{3 - s / 1000}\n" for s in range(1, 500)))
     code, _, err = _celerity(capsys, "predict", "--reference", refs[0], "--curve", bare)
     assert code == 2 and "pass --total-steps" in err
+
+
+def test_bad_paths_and_files_are_one_line_without_traceback(capsys, family, tmp_path):
+    _, runs = family
+    good = runs[(SIZES[0], 0)]
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    listed = tmp_path / "listed.json"
+    listed.write_text(json.dumps({"format": "celerity-collapse-reference/1", "controls": [], "frac": [0.1, 0.2],
+                                  "normalized_loss": [1.1, 1.0]}))
+    cases = [
+        (["predict", "--reference", str(binary), "--curve", good], f"{binary}: not a JSON text file"),
+        (["predict", "--reference", str(listed), "--curve", good], "the controls are an array"),
+        (["predict", "--reference", str(tmp_path / "no.json"), "--curve", good],
+         "--reference .*no.json does not exist"),
+        (["compare", good, "--reference", str(tmp_path), "--out", str(tmp_path / "f.png")], "is a folder, not a file"),
+        (["predict", "--reference", str(listed), "--curve", str(tmp_path / "no.csv")],
+         "--curve .*no.csv does not exist"),
+        (["compare", str(binary), "--out", str(tmp_path / "f.png")], f"{binary}: not a text CSV"),
+        (["fit", good, str(tmp_path / "gone"), "--out", str(tmp_path / "s.json")], "CURVE .*gone does not exist"),
+        (["compare", good, "--out", str(tmp_path / "figure")], "--out .*figure: the figure format comes from"),
+        (["reference", good, "--out", str(tmp_path)], "--out .* is a folder; give a file path"),
+        (["reference", good, "--out", str(tmp_path / "no" / "r.json")], "is not an existing folder"),
+        (["reference", "--surrogate", str(binary), "--tau", "0.17", "--tpp", "20", "--schedule", "d2z", "--out",
+          str(tmp_path / "r.json")], "not a JSON text file .*; give a file made by `celerity collapse fit`"),
+    ]
+    for argv, problem in cases:
+        code, _, err = _celerity(capsys, *argv)
+        assert code == 2 and len(err.splitlines()) == 1 and re.search(problem, err), (argv, err)
+    assert sorted(os.listdir(tmp_path)) == ["binary.csv", "listed.json"]
 
 
 def test_collapse_is_a_celerity_command(capsys):

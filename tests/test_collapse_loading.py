@@ -82,6 +82,10 @@ def test_tensorboard_directory_with_restart_and_frac(tmp_path):
     ("step,loss\n1,3.0\n5,2.9\n4,2.8\n", "step 4 .* follows step 5: decreasing step"),
     ("step,loss\n1,3.0\n2,nan\n", "loss at step 2 .* is nan"),
     ("step,loss\n1,3.0\n2,abc\n", "line 3: 'loss' is 'abc', not a number"),
+    ("step,loss\n1,3.0\n2.5,2.9\n", r"line 3: 'step' is '2.5', not a whole number >= 0"),
+    ("step,loss\n-1,3.0\n", "line 2: 'step' is '-1', not a whole number >= 0"),
+    ("step,loss\n1e400,3.0\n", r"'step' is '1e400', not a whole number >= 0 \(and below 2\*\*63\)"),
+    (f"step,loss\n{10**18},3.0\n{10**18},2.9\n", f"step {10**18} .* follows step {10**18}: a duplicate step"),
     ("", "empty file"),
     ("step,loss\n", "no data rows"),
     ("step,loss\n1,-1\n", "normalization needs positive losses"),
@@ -103,7 +107,7 @@ def test_total_steps_smaller_than_the_curve_and_bad_paths(tmp_path):
     _write(tmp_path / "c.json", json.dumps({"tau": "fast"}))
     with pytest.raises(ConfigError, match=r"c.json: 'tau' = 'fast' is not a non-negative number"):
         loading.load_curve(str(path))
-    with pytest.raises(ConfigError, match="not a run directory"):
+    with pytest.raises(ConfigError, match="missing.txt does not exist; give a run"):
         loading.load_curve(str(tmp_path / "missing.txt"))
     os.makedirs(tmp_path / "empty")
     with pytest.raises(ConfigError, match="no curve.csv and no TensorBoard scalar"):
@@ -116,3 +120,53 @@ def test_controls_compare_collapse_fields_only():
     assert a.mismatches(loading.Controls(tpp=40.0, tau=0.1, schedule="cosine")) == [
         "tpp 20 vs 40", "tau 0.17 vs 0.1", "schedule 'd2z' vs 'cosine'"]
     assert a.unknown(loading.Controls(tau=0.17)) == ["tpp", "schedule"]
+
+
+BINARY = bytes(range(256)) * 4
+
+
+def test_steps_are_exact_integers_even_above_2_to_the_53(tmp_path):
+    big = 10**18
+    path = _csv(tmp_path / "big.csv", [big, big + 1, big + 2], [3.0, 2.9, 2.8])
+    _write(tmp_path / "big.json", json.dumps({"total_steps": big + 10}))
+    curve = loading.load_curve(str(path))
+    assert curve.step_T.tolist() == [big, big + 1, big + 2] and curve.total_steps == big + 10
+    curve = loading.load_curve(str(_csv(tmp_path / "f.csv", ["1e3", "2000.0"], [3.0, 2.9])))
+    assert curve.step_T.tolist() == [1000, 2000]
+
+
+def _refused_in_one_line(path, problem: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        loading.load_curve(str(path))
+    assert str(e.value).startswith(problem) and "\n" not in str(e.value)
+
+
+def test_bad_curve_paths_and_files_are_one_line(tmp_path):
+    _refused_in_one_line(tmp_path / "missing", f"CURVE {tmp_path / 'missing'} does not exist; give a run directory")
+    notes = _write(tmp_path / "notes.txt", "x")
+    _refused_in_one_line(notes, f"CURVE {notes} is not a run directory, a TensorBoard event directory or a curve")
+    (tmp_path / "bin.csv").write_bytes(BINARY)
+    _refused_in_one_line(tmp_path / "bin.csv", f"{tmp_path / 'bin.csv'}: not a text CSV")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "curve.csv").write_bytes(BINARY)
+    _refused_in_one_line(run, f"{run / 'curve.csv'}: not a text CSV")
+    _csv(run / "curve.csv", [1], [3.0])
+    (run / "plan.json").write_bytes(BINARY)
+    _refused_in_one_line(run, f"{run / 'plan.json'}: not a JSON text file")
+    _write(run / "plan.json", "[1]")
+    _refused_in_one_line(run, f"{run / 'plan.json'}: holds an array, where a JSON object is expected")
+
+
+def test_an_unreadable_curve_is_refused(tmp_path):
+    path = _csv(tmp_path / "c.csv", [1], [3.0])
+    os.chmod(path, 0o200)
+    if os.access(path, os.R_OK):
+        pytest.skip("permissions do not restrict this user (root)")
+    with pytest.raises(ConfigError, match="c.csv is not readable"):
+        loading.load_curve(str(path))
+
+
+def test_controls_must_be_an_object():
+    with pytest.raises(ConfigError, match="ref.json: the controls are an array, not a JSON object; rebuild it"):
+        loading.controls_from_mapping([], "ref.json", "rebuild it")

@@ -95,16 +95,32 @@ def test_reference_curve_is_family_aware_across_sizes(tmp_path):
     np.testing.assert_allclose(reference.reference_curve([small], frac_G[::2]), small.normalized_G[::2], rtol=1e-5)
 
 
-def test_load_reference_refuses_other_files(tmp_path):
-    path = os.path.join(tmp_path, "x.json")
-    with open(path, "w") as f:
-        f.write('{"format": "celerity-collapse-reference/1", "frac": [0.1, 0.05], "normalized_loss": [1, 1]}')
-    with pytest.raises(ConfigError, match="x.json: 'frac' must increase"):
-        reference.load_reference(path)
-    with open(path, "w") as f:
-        f.write("[1, 2]")
-    with pytest.raises(ConfigError, match="expected a JSON object"):
-        reference.load_reference(path)
+GOOD = {"format": reference.FORMAT, "frac": [0.1, 0.2], "normalized_loss": [1.1, 1.0]}
+
+
+@pytest.mark.parametrize("content, problem", [
+    (bytes(range(256)), "not a JSON text file"),
+    ('{"format": ', "not valid JSON"),
+    ("[1, 2]", "holds an array, where a JSON object is expected"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    (json.dumps(dict(GOOD, format="other")), "format 'other', expected 'celerity-collapse-reference/1'"),
+    (json.dumps(dict(GOOD, controls=[])), "the controls are an array, not a JSON object"),
+    (json.dumps(dict(GOOD, controls={"tau": "fast"})), "'tau' = 'fast' is not a non-negative number"),
+    (json.dumps({"format": reference.FORMAT, "frac": [0.1, 0.2]}), "the reference has no 'normalized_loss'"),
+    (json.dumps(dict(GOOD, frac="abc")), "'frac' is not a list of finite numbers"),
+    (json.dumps(dict(GOOD, frac=[0.1, None])), "'frac' is not a list of finite numbers"),
+    (json.dumps(dict(GOOD, normalized_loss=[[1], [2]])), "'normalized_loss' is not a list of finite numbers"),
+    (json.dumps(dict(GOOD, frac=[0.1, 0.05])), "'frac' must increase"),
+    (json.dumps(dict(GOOD, seed_std=[0.1])), "'frac' must increase .* in length"),
+    (json.dumps(dict(GOOD, offset="0")), "'offset' = '0' is not a finite number"),
+])
+def test_load_reference_refuses_malformed_files_in_one_line(tmp_path, content, problem):
+    path = tmp_path / "ref.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ConfigError, match=problem) as e:
+        reference.load_reference(str(path))
+    message = str(e.value)
+    assert message.startswith(f"{path}: ") and "`celerity collapse reference`" in message and "\n" not in message
 
 
 def test_reference_from_the_default_surrogate_is_a_valid_curve(tmp_path):

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 
@@ -105,3 +106,61 @@ def test_corrupt_bytes_in_a_shard_are_named_when_read(shards, tmp_path):
     stream = arrayrecord.ShardStream(_broken_copy(shards, tmp_path, scribble), "train")
     with pytest.raises(ConfigError, match="shard .*train-00000.arrayrecord is corrupt"):
         stream.windows(np.arange(0, 300, 50), 51)
+
+
+def _all_in_validation(tmp_path) -> DataConfig:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "only.txt").write_text("the one document " * 20)
+    return DataConfig(source="text", paths=(str(tmp_path / "docs"),), val_fraction=0.999999)
+
+
+def test_a_failed_prepare_leaves_nothing_and_a_rerun_works(text_cfg, tmp_path):
+    out = tmp_path / "new" / "shards"
+    with pytest.raises(ConfigError, match="every document fell into the validation split"):
+        arrayrecord.prepare(_all_in_validation(tmp_path), str(out))
+    assert os.listdir(tmp_path / "new") == []  # neither --out nor the hidden partial folder
+    assert arrayrecord.prepare(text_cfg, str(out))["splits"]["train"]["tokens"] > 0
+    assert (out / "meta.json").exists() and os.listdir(tmp_path / "new") == ["shards"]
+
+
+def test_an_interrupted_prepare_leaves_nothing(text_cfg, tmp_path, monkeypatch):
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(arrayrecord._SplitWriter, "close", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        arrayrecord.prepare(text_cfg, str(tmp_path / "out"))
+    assert os.listdir(tmp_path) == ["out"] and os.listdir(tmp_path / "out") == []
+
+
+def test_prepare_replaces_an_empty_folder_but_not_one_filled_meanwhile(text_cfg, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    arrayrecord.prepare(text_cfg, str(out))
+    assert (out / "meta.json").exists()
+
+    write_folder = arrayrecord._write_folder
+
+    def someone_else_writes_too(*args):
+        (tmp_path / "busy" / "theirs.txt").write_text("x")
+        return write_folder(*args)
+
+    (tmp_path / "busy").mkdir()
+    monkeypatch.setattr(arrayrecord, "_write_folder", someone_else_writes_too)
+    with pytest.raises(ConfigError, match="busy: the finished folder cannot be renamed to it"):
+        arrayrecord.prepare(text_cfg, str(tmp_path / "busy"))
+    assert os.listdir(tmp_path / "busy") == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["busy", "out"]
+
+
+@pytest.mark.parametrize("out, problem", [
+    ("file", "--out {}/file is a file, not a folder"),
+    ("file/sub", "{}/file is a file, not a folder, so no folder can be made under it"),
+    (".", "--out . is the working directory"),
+])
+def test_prepare_refuses_outputs_it_cannot_make(text_cfg, tmp_path, monkeypatch, out, problem):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=problem.format(tmp_path)):
+        arrayrecord.prepare(text_cfg, out if out == "." else str(tmp_path / out))
+    assert os.listdir(tmp_path) == ["file"]

@@ -1,4 +1,5 @@
 import json
+import os
 
 from celerity_jax import cli
 
@@ -21,3 +22,33 @@ def test_prepare_data_reports_bad_input_without_a_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "celerity prepare-data: error: DataConfig.paths" in err and "missing.txt" in err
     assert not (tmp_path / "o").exists()
+
+
+def _prepare(capsys, *argv) -> tuple[int, str]:
+    code = cli.main(["prepare-data", *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == (code != 0)
+    return code, err
+
+
+def test_prepare_data_refuses_a_file_as_out(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    code, err = _prepare(capsys, "--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "a.txt"))
+    assert code == 2 and f"--out {tmp_path / 'a.txt'} is a file, not a folder" in err
+
+
+def test_failed_prepare_data_leaves_nothing_and_can_be_rerun(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    # More documents than one tokenizer batch: the bad file is met after the first shards were written.
+    (docs / "a.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 5}) + "\n" for i in range(600)))
+    (docs / "b.txt").write_bytes(b"\x00\x01 binary")
+    (docs / "one.txt").write_text("a single document " * 20)
+    out = tmp_path / "shards"
+    code, err = _prepare(capsys, "--input", str(docs / "a.jsonl"), str(docs / "b.txt"), "--on-bad-file", "fail",
+                         "--out", str(out))
+    assert code == 2 and "b.txt: binary" in err and os.listdir(tmp_path) == ["docs"]
+    code, err = _prepare(capsys, "--input", str(docs / "one.txt"), "--val-fraction", "0.999999", "--out", str(out))
+    assert code == 2 and "every document fell into the validation split" in err and os.listdir(tmp_path) == ["docs"]
+    code, _ = _prepare(capsys, "--input", str(docs / "a.jsonl"), "--out", str(out))
+    assert code == 0 and (out / "meta.json").exists() and sorted(os.listdir(tmp_path)) == ["docs", "shards"]

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -7,6 +9,9 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.model import presets
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
 
 
 def test_files_then_bindings_with_includes_beside_the_file(tmp_path, monkeypatch):
@@ -26,17 +31,43 @@ def test_base_config_keeps_unbound_fields():
     assert configs["recipe"] == RecipeConfig()
 
 
-@pytest.mark.parametrize("binding, names", [
-    ("ModelConfig.d_modle = 640", ["d_modle", "d_model, n_heads"]),
-    ("ModelConf.d_model = 640", ["ModelConf", "ModelConfig, RecipeConfig"]),
-    ("RecipeConfig.tpp = = 3", ["--gin_param, line 1", "RecipeConfig.tpp = = 3", "Class.field = value"]),
-    ("RecipeConfig.tpp = -3", ["RecipeConfig.tpp = -3 must be > 0"]),
+@pytest.mark.parametrize("binding, problem, fix", [
+    ("ModelConfig.d_modle = 640", "doesn't have a parameter named 'd_modle'", "d_model, n_heads"),
+    ("ModelConf.d_model = 640", "No configurable matching 'ModelConf'", "ModelConfig, RecipeConfig"),
+    ("RecipeConfig.tpp = = 3", "Unable to parse value", "Class.field = value"),
+    ("RecipeConfig.tpp = (", "a bracket or a string quote is never closed", "close every ("),
+    ("RecipeConfig.bands = [20, 80", "a bracket or a string quote is never closed", "close every ("),
+    ("RecipeConfig.tau = abc", "abc is not a Python literal", "put strings in quotes"),
+    ("import no_such_module", "No module named 'no_such_module'", "Class.field = value"),
+    ("include 'missing.gin'", "Unable to open file: missing.gin", "beside the including gin file"),
 ])
-def test_bad_bindings_raise_config_error_with_fix(binding, names):
+def test_a_bad_binding_is_named_in_one_line_then_the_fix(binding, problem, fix):
+    with pytest.raises(ConfigError) as e:
+        gin_config.parse_gin([], ["RecipeConfig.tpp = 80", binding])
+    first, fix_line = str(e.value).split("\n")
+    assert first.startswith(f"gin: --gin_param {binding!r}: ") and problem in first
+    assert fix_line.startswith("Fix: ") and fix in fix_line
+
+
+def test_an_error_in_a_file_names_the_file_and_line(tmp_path):
+    (tmp_path / "base.gin").write_text("# the base\nRecipeConfig.tpp = 80\nRecipeConfig.tau = abc\n")
+    (tmp_path / "run.gin").write_text("include 'base.gin'\n")
+    with pytest.raises(ConfigError) as e:
+        gin_config.parse_gin([str(tmp_path / "run.gin")])
+    assert str(e.value).split("\n")[0] == (f"gin: {tmp_path / 'base.gin'}, line 3: 'RecipeConfig.tau = abc': "
+                                           "abc is not a Python literal")
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("RecipeConfig.tpp = -3", "RecipeConfig.tpp = -3 must be > 0 (e.g. 20, 80 or 234)"),
+    ("TrainConfig.seed = None", "TrainConfig.seed=None must be an int, e.g. 0"),
+    ("TrainConfig.collapse_reference = 'ref.json'",
+     "TrainConfig.collapse_reference='ref.json' must be a tuple of strings; give a tuple, e.g. ('ref.json',)"),
+])
+def test_a_bad_value_fails_with_the_configs_own_line(binding, message):
     with pytest.raises(ConfigError) as e:
         gin_config.parse_gin([], [binding])
-    for name in names:
-        assert name in str(e.value)
+    assert str(e.value) == message
 
 
 def test_missing_files(tmp_path):
@@ -48,10 +79,19 @@ def test_missing_files(tmp_path):
 
 
 def test_train_from_gin_trains_and_saves_the_operative_config(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files = [os.path.join(root, "experiments/tiny/d48.gin"), os.path.join(root, "tests/configs/smoke.gin")]
     workdir = tmp_path / "run"
-    summary = gin_config.train_from_gin(files, ["TrainConfig.stop_at_step = 5"], str(workdir), log=lambda _: None)
+    summary = gin_config.train_from_gin(GIN, ["TrainConfig.stop_at_step = 5"], str(workdir), log=lambda _: None)
     assert summary["final_step"] == 5 and summary["stopped"] == "stop_at_step"
     operative = (workdir / "config.gin").read_text()
     assert "TrainConfig.stop_at_step = 5" in operative and "ModelConfig.d_model = 48" in operative
+
+
+def test_celerity_train_with_a_bad_value_exits_2_with_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(tmp_path / "run"),
+           "--gin_param", "TrainConfig.seed = None"]
+    for path in GIN:
+        cmd += ["--gin_file", path]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == "celerity train: error: TrainConfig.seed=None must be an int, e.g. 0\n"
+    assert not (tmp_path / "run").exists()

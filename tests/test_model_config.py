@@ -25,7 +25,7 @@ def test_defaults_are_celerity_300m():
     (dict(remat="some"), ["remat", "dots"]),
     (dict(depth_alpha=0.4), ["depth_alpha", "[0.5, 1]"]),
     (dict(depth_alpha=1.1), ["depth_alpha", "[0.5, 1]"]),
-    (dict(depth_alpha="1"), ["depth_alpha", "[0.5, 1]"]),
+    (dict(depth_alpha="1"), ["depth_alpha", "must be a number"]),
     (dict(mlp_ratio=1e-4), ["mlp_ratio", "MLP width of 0"]),
     (dict(n_layers=0), ["n_layers", "positive"]),
     (dict(sigma_base=-1.0), ["sigma_base", "positive"]),
@@ -34,7 +34,7 @@ def test_defaults_are_celerity_300m():
     (dict(attention_impl="cudnn", compute_dtype="float32"), ["attention_impl", "bfloat16"]),
     (dict(logits_chunk_len=-1), ["logits_chunk_len", "'auto', 0"]),
     (dict(logits_chunk_len="512"), ["logits_chunk_len", "'auto', 0"]),
-    (dict(logits_chunk_len=True), ["logits_chunk_len", "'auto', 0"]),
+    (dict(logits_chunk_len=True), ["logits_chunk_len", "an int or a string"]),
 ])
 def test_bad_config_raises_config_error_naming_the_field(fields, names):
     with pytest.raises(ConfigError) as err:

@@ -79,7 +79,7 @@ def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_pa
                workdir, force_new=True, log=lambda _: None)
     archived = [n for n in os.listdir(workdir) if n.startswith("archived-")]
     assert len(archived) == 1
-    assert sorted(os.listdir(os.path.join(workdir, archived[0]))) == before
+    assert sorted(os.listdir(os.path.join(workdir, archived[0]))) == [n for n in before if n != "run.lock"]
     assert json.load(open(os.path.join(workdir, "run.json")))["model"]["d_model"] == 64
 
 
@@ -107,6 +107,33 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, 
     assert sorted(os.listdir(ckpt)) == before
 
 
+def _always_nan(monkeypatch):
+    real = transformer.next_token_loss
+
+    def faulty(cfg, params, inputs, targets, **kwargs):
+        total, aux = real(cfg, params, inputs, targets, **kwargs)
+        return total * jnp.nan, dict(aux, cross_entropy=aux["cross_entropy"] * jnp.nan)
+
+    monkeypatch.setattr(transformer, "next_token_loss", faulty)
+
+
+def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch):
+    workdir = str(tmp_path / "run")
+    loop.train(_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    _always_nan(monkeypatch)
+    with pytest.raises(loop.TrainingDiverged, match="since resuming from the checkpoint at step 10 .* may be "
+                                                    "corrupt") as err:
+        loop.train(_configs(), workdir, log=lambda _: None)
+    assert "Lower the LR" not in str(err.value)
+
+
+def test_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch):
+    _always_nan(monkeypatch)
+    with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been saved") as err:
+        loop.train(_configs(), str(tmp_path / "run"), log=lambda _: None)
+    assert "None" not in str(err.value)
+
+
 def _scalar_at(workdir, tag, step):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(workdir))
@@ -124,6 +151,7 @@ def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monke
     assert summary["final_step"] == 20
     losses = _losses(workdir)  # skipped steps have no row in curve.csv
     assert 0 < len(losses) < 20 and all(np.isfinite(v) and v < 6.0 for v in losses.values())
+    assert summary["skipped_steps"] == 20 - len(losses)
     assert _scalar_at(workdir, "opt/lr", 20) == _scalar_at(clean, "opt/lr", 20)
 
 

@@ -1,7 +1,8 @@
 """`celerity collapse {reference,predict,compare,fit}`: the collapse toolkit on curve files.
 
 A CURVE is a run directory, a TensorBoard event directory or a CSV (see loading.py and the README).
-Every input is read and checked before anything is written; outputs are written atomically.
+Every input path is checked first, then every input is read and checked before anything is written;
+outputs are written atomically.
 """
 
 import dataclasses
@@ -12,6 +13,7 @@ import os
 import sys
 
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import check_input_file, check_output_file
 
 
 def add_commands(subparsers) -> None:
@@ -86,9 +88,30 @@ def _window(text: str) -> tuple[float, float]:
 def _check_out(path: str, inputs: list[str]) -> None:
     if any(os.path.abspath(path) == os.path.abspath(i) for i in inputs):
         raise ConfigError(f"--out {path} is one of the inputs; choose another output path")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--out {path}: directory {parent} does not exist")
+    check_output_file(path, "--out")
+
+
+def _check_figure_format(path: str) -> None:
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if os.path.splitext(path)[1][1:].lower() not in formats:
+        raise ConfigError(f"--out {path}: the figure format comes from the file extension; end the path in one of "
+                          f"{', '.join('.' + f for f in sorted(formats))} (e.g. .png)")
+
+
+def _check_curves(paths: list[str], flag: str = "CURVE") -> None:
+    from celerity_jax.collapse.loading import check_curve_path
+    for path in paths:
+        check_curve_path(path, flag)
+
+
+def _reference_paths(text: str | None) -> list[str]:
+    """The files of --reference REF.json[,REF2.json...], checked to exist."""
+    paths = [p for p in (text or "").split(",") if p]
+    for path in paths:
+        check_input_file(path, "--reference")
+    return paths
 
 
 def _provenance() -> dict:
@@ -100,11 +123,13 @@ def cmd_reference(args) -> int:
     from celerity_jax.collapse import loading, reference, surrogate
     cfg = _config(args)
     _check_out(args.out, args.curves + [args.surrogate or ""])
+    _check_curves(args.curves)
     if args.surrogate:
         if args.curves:
             raise ConfigError("give either CURVEs or --surrogate, not both")
         controls = loading.Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac)
         path = surrogate.surrogate_path(args.surrogate)
+        check_input_file(path, "--surrogate")
         ref = reference.reference_from_surrogate(surrogate.load_surrogate(path), controls, cfg.n_bins, path)
         for note in surrogate.fit_range_notes(path, controls.tau, controls.tpp):
             print(f"note: {note}")
@@ -141,13 +166,14 @@ def cmd_predict(args) -> int:
 
     window = _window(args.window)
     cfg = _config(args, window)
+    paths = _reference_paths(args.reference)
+    _check_curves([args.curve], "--curve")
     run = loading.load_curve(args.curve, args.total_steps)
     if run.total_from == "last step":
         raise ConfigError(f"{run.source}: the run's total steps are unknown (no plan.json, sidecar or frac "
                           "column); pass --total-steps")
     if args.n_params:
         run = dataclasses.replace(run, controls=dataclasses.replace(run.controls, n_params=args.n_params))
-    paths = [p for p in args.reference.split(",") if p]
     result = _prediction(run, paths, cfg, args.force)
     sizes = {p: reference.load_reference(p).controls.n_params for p in paths}
     family = run.controls.n_params is not None and None not in sizes.values() and len(set(sizes.values())) > 1
@@ -190,9 +216,11 @@ def cmd_compare(args) -> int:
     window = _window(args.window)
     cfg = _config(args, window)
     _check_out(args.out, args.curves)
+    _check_figure_format(args.out)
+    references = _reference_paths(args.reference)
+    _check_curves(args.curves)
     runs = [loading.load_curve(c) for c in args.curves]
-    fam = compare.compare_family(runs, cfg.n_bins, cfg.smooth_bins, cfg.offset,
-                                 [p for p in (args.reference or "").split(",") if p], window, args.force)
+    fam = compare.compare_family(runs, cfg.n_bins, cfg.smooth_bins, cfg.offset, references, window, args.force)
     compare.plot_families({"": fam}, args.out)
     table = {"rows": fam.rows, "residuals_against": fam.baseline, "quality": fam.quality,
              "quality_range": list(compare.QUALITY_RANGE), "figure": args.out, "notes": fam.notes}
@@ -221,6 +249,7 @@ def cmd_fit(args) -> int:
 
     cfg = _config(args)
     _check_out(args.out, args.curves)
+    _check_curves(args.curves)
     runs = [loading.load_curve(c) for c in args.curves]
     inputs = reference.surrogate_inputs(runs, cfg.n_bins, cfg.smooth_bins)
     info, tau_C, tpp_C = inputs.info, inputs.tau_C, inputs.tpp_C

@@ -12,6 +12,7 @@ or a mapping with "name"), warmup_frac (or warmup_steps), and steps / total_step
 
 import csv
 import dataclasses
+import decimal
 import json
 import math
 import os
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import check_input_file
 
 CURVE_CSV = "curve.csv"
 PLAN_JSON = "plan.json"
@@ -27,6 +29,11 @@ LOSS_TAG = "train/loss"
 FRAC_TAG = "progress/frac"
 # Relative tolerance when comparing TPP and τ of a run and a reference.
 CONTROL_RTOL = 0.05
+# Steps are exact int64: as floats, steps above 2**53 would round and could look equal.
+MAX_STEP = np.iinfo(np.int64).max
+CURVE_KINDS = "a run directory, a TensorBoard event directory or a curve .csv file"
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,49 +64,72 @@ class Controls:
         return [n for n in ("tpp", "tau", "schedule") if getattr(self, n) is None or getattr(other, n) is None]
 
 
-def _number(meta: Mapping, key: str, source: str) -> float | None:
+def _number(meta: Mapping, key: str, source: str, fix: str) -> float | None:
     value = meta.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{source}: {key!r} = {value!r} is not a non-negative number; fix that field")
+        raise ConfigError(f"{source}: {key!r} = {value!r} is not a non-negative number; {fix}")
     return float(value)
 
 
-def controls_from_mapping(meta: Mapping, source: str) -> tuple[Controls, int | None]:
-    """(Controls, total steps or None) from a plan.json / sidecar mapping, read by key."""
-    n_params = _number(meta, "n_params", source)
-    tokens = _number(meta, "tokens", source)
-    tpp = _number(meta, "tpp", source)
+def _whole_number(meta: Mapping, key: str, source: str, fix: str) -> int | None:
+    """An exact count such as the total steps (a float would round counts above 2**53)."""
+    value = meta.get(key)
+    if value is None:
+        return None
+    whole = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= MAX_STEP:
+        raise ConfigError(f"{source}: {key!r} = {value!r} is not a whole number >= 0; {fix}")
+    return whole
+
+
+def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field") -> tuple[Controls, int | None]:
+    """(Controls, total steps or None) from a plan.json / sidecar mapping, read by key; `fix` ends the
+    message of a field that cannot be used."""
+    if not isinstance(meta, Mapping):
+        raise ConfigError(f"{source}: the controls are {JSON_TYPES.get(type(meta), type(meta).__name__)}, "
+                          f"not a JSON object; {fix}")
+    n_params = _number(meta, "n_params", source, fix)
+    tokens = _number(meta, "tokens", source, fix)
+    tpp = _number(meta, "tpp", source, fix)
     if tpp is None and tokens and n_params:
         tpp = tokens / n_params
-    steps = _number(meta, "total_steps", source)
-    steps = _number(meta, "steps", source) if steps is None else steps
-    warmup_frac = _number(meta, "warmup_frac", source)
-    warmup_steps = _number(meta, "warmup_steps", source)
+    steps = _whole_number(meta, "total_steps", source, fix)
+    steps = _whole_number(meta, "steps", source, fix) if steps is None else steps
+    warmup_frac = _number(meta, "warmup_frac", source, fix)
+    warmup_steps = _number(meta, "warmup_steps", source, fix)
     if warmup_frac is None and warmup_steps is not None and steps:
         warmup_frac = warmup_steps / steps
     schedule = meta.get("schedule", meta.get("schedule_name"))
     if isinstance(schedule, Mapping):
         schedule = schedule.get("name")
     if schedule is not None and not isinstance(schedule, str):
-        raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name")
-    controls = Controls(n_params, tpp, _number(meta, "tau", source), schedule, warmup_frac)
-    return controls, None if steps is None else int(steps)
+        raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name; {fix}")
+    controls = Controls(n_params, tpp, _number(meta, "tau", source, fix), schedule, warmup_frac)
+    return controls, steps
 
 
 def read_json(path: str, file_format: str | None = None, made_by: str = "") -> dict:
-    """A JSON object from `path` (with "format" = `file_format` if given), or ConfigError naming the file."""
+    """A JSON object from `path` (with "format" = `file_format` if given, a file written by the command
+    `made_by`), or a one-line ConfigError naming the file, the problem and the fix."""
+    check_input_file(path, "the file")
+    fix = f"give a file made by `{made_by}`" if made_by else "fix or remove the file"
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read JSON ({e}); fix or remove the file") from e
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8-sig"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror}); {fix}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (no UTF-8 at byte {e.start}); {fix}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); {fix}") from e
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to read; {fix}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise ConfigError(f"{path}: holds {JSON_TYPES[type(data)]}, where a JSON object is expected; {fix}")
     if file_format and data.get("format") != file_format:
-        raise ConfigError(f"{path}: format {data.get('format')!r}, expected {file_format!r}; make the file "
-                          f"with `{made_by}`")
+        raise ConfigError(f"{path}: format {data.get('format')!r}, expected {file_format!r}; {fix}")
     return data
 
 
@@ -119,9 +149,23 @@ class Curve:
         return bool(self.step_T[-1] >= self.total_steps - 1)
 
 
+def check_curve_path(path: str, flag: str = "CURVE") -> None:
+    """`path` exists and is a readable directory or .csv file (what load_curve reads), else one-line ConfigError."""
+    if os.path.isdir(path):
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path} is a directory that cannot be read; fix its permissions")
+    elif path.endswith(".csv"):
+        check_input_file(path, flag)
+    elif os.path.exists(path):
+        raise ConfigError(f"{flag} {path} is not {CURVE_KINDS} (see the collapse README for the curve formats)")
+    else:
+        raise ConfigError(f"{flag} {path} does not exist; give {CURVE_KINDS}")
+
+
 def load_curve(path: str, total_steps: int | None = None) -> Curve:
     """Reads and checks one CURVE (see the module docstring); bad input raises ConfigError."""
     path = os.path.normpath(path)
+    check_curve_path(path)
     meta_path = None
     if os.path.isdir(path):
         name = os.path.basename(os.path.abspath(path))
@@ -136,14 +180,11 @@ def load_curve(path: str, total_steps: int | None = None) -> Curve:
             candidates = [path, parent, os.path.dirname(parent)]
         meta_path = next((os.path.join(d, PLAN_JSON) for d in candidates
                           if os.path.isfile(os.path.join(d, PLAN_JSON))), None)
-    elif os.path.isfile(path) and path.endswith(".csv"):
+    else:
         source, name = path, os.path.basename(path)[:-4]
         step_T, loss_T, frac_T = _read_csv(path)
         if os.path.isfile(path[:-4] + ".json"):
             meta_path = path[:-4] + ".json"
-    else:
-        raise ConfigError(f"{path}: not a run directory, TensorBoard event directory or .csv file "
-                          "(see the collapse README for the curve formats)")
     meta = read_json(meta_path) if meta_path else {}
     controls, meta_steps = controls_from_mapping(meta, meta_path or source)
     _check_values(source, step_T, loss_T, frac_T)
@@ -163,12 +204,29 @@ def load_curve(path: str, total_steps: int | None = None) -> Curve:
     return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), total_from, controls)
 
 
+def _step(text: str) -> int | None:
+    """The whole number in [0, MAX_STEP] written in `text` ('120', '1.2e2', '120.0'), exactly; else None."""
+    try:
+        value = decimal.Decimal(text)
+    except decimal.InvalidOperation:
+        return None
+    if not value.is_finite() or not 0 <= value <= MAX_STEP or value != value.to_integral_value():
+        return None
+    return int(value)
+
+
 def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             lines = [(i, r) for i, r in enumerate(csv.reader(f), start=1) if r]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ConfigError(f"{path}: cannot read the CSV ({e})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text CSV (no UTF-8 at byte {e.start}); a curve CSV is text with a "
+                          "header holding 'step' and 'loss'") from e
+    except csv.Error as e:
+        raise ConfigError(f"{path}: not a text CSV ({e}); a curve CSV is text with a header holding 'step' and "
+                          "'loss'") from e
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror}); fix its permissions or give another file") from e
     if not lines:
         raise ConfigError(f"{path}: empty file; a curve CSV needs a header with 'step' and 'loss'")
     header = [h.strip().lower() for h in lines[0][1]]
@@ -179,15 +237,21 @@ def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if len(lines) < 2:
         raise ConfigError(f"{path}: no data rows under the header")
     cols = {c: header.index(c) for c in ("step", "loss", "frac") if c in header}
-    values = {c: np.empty(len(lines) - 1) for c in cols}
+    step_T = np.empty(len(lines) - 1, np.int64)
+    values = {c: np.empty(len(lines) - 1) for c in cols if c != "step"}
     for row_index, (line, row) in enumerate(lines[1:]):
-        for c, i in cols.items():
+        cells = {c: row[i] if i < len(row) else "missing" for c, i in cols.items()}
+        step = _step(cells["step"])
+        if step is None:
+            raise ConfigError(f"{path}, line {line}: 'step' is {cells['step']!r}, not a whole number >= 0 "
+                              "(and below 2**63)")
+        step_T[row_index] = step
+        for c in values:
             try:
-                values[c][row_index] = float(row[i])
-            except (IndexError, ValueError):
-                raise ConfigError(f"{path}, line {line}: {c!r} is {row[i] if i < len(row) else 'missing'!r}, "
-                                  "not a number") from None
-    return values["step"], values["loss"], values.get("frac")
+                values[c][row_index] = float(cells[c])
+            except ValueError:
+                raise ConfigError(f"{path}, line {line}: {c!r} is {cells[c]!r}, not a number") from None
+    return step_T, values["loss"], values.get("frac")
 
 
 def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -211,7 +275,7 @@ def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not series.get(LOSS_TAG):
         raise ConfigError(f"{path}: no {CURVE_CSV} and no TensorBoard scalar {LOSS_TAG!r} under it; "
                           "give a run directory, an event directory or a CSV")
-    step_T = np.array(sorted(series[LOSS_TAG]), float)
+    step_T = np.array(sorted(series[LOSS_TAG]), np.int64)
     loss_T = np.array([series[LOSS_TAG][s] for s in step_T])
     fracs = series.get(FRAC_TAG, {})
     frac_T = np.array([fracs[s] for s in step_T]) if all(s in fracs for s in step_T) else None
@@ -219,9 +283,9 @@ def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
 
 
 def _check_values(source: str, step_T: np.ndarray, loss_T: np.ndarray, frac_T: np.ndarray | None) -> None:
-    bad = np.flatnonzero(~np.isfinite(step_T) | (step_T < 0) | (step_T != np.round(step_T)))
+    bad = np.flatnonzero(step_T < 0)
     if bad.size:
-        raise ConfigError(f"{source}: step {step_T[bad[0]]!r} (data row {bad[0] + 1}) is not a whole number >= 0")
+        raise ConfigError(f"{source}: step {step_T[bad[0]]} (data row {bad[0] + 1}) is negative; steps count from 0")
     back = np.flatnonzero(np.diff(step_T) <= 0)
     if back.size:
         i = back[0] + 1

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from celerity_jax.collapse import curves
 from celerity_jax.collapse.loading import Controls
 from celerity_jax.collapse.reference import check_controls, load_reference, reference_curve
+from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 
 METRICS = ("collapse/normalized_loss", "collapse/residual", "collapse/residual_sigma",
@@ -42,6 +43,7 @@ class MonitorConfig:
     stop_on_alert: bool = False         # read by the trainer: stop (with a checkpoint) on an alert
 
     def __post_init__(self):
+        check_field_types(self)
         object.__setattr__(self, "align_window", tuple(self.align_window))  # hashable when gin gives a list
         if len(self.align_window) != 2:
             raise ConfigError(f"MonitorConfig.align_window = {self.align_window}: give (lo, hi)")

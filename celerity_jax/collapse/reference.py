@@ -144,22 +144,36 @@ def save_reference(ref: Reference, path: str) -> None:
     write_json_atomic(path, data)
 
 
-def load_reference(path: str) -> Reference:
-    data = read_json(path, FORMAT, "celerity collapse reference")
+def _float_array(data: dict, key: str, path: str, fix: str) -> np.ndarray:
+    """data[key], a list of finite numbers, as an array; else a one-line ConfigError."""
+    if key not in data:
+        raise ConfigError(f"{path}: the reference has no {key!r}; {fix}")
     try:
-        frac_G = np.asarray(data["frac"], float)
-        normalized_G = np.asarray(data["normalized_loss"], float)
-        seed_std_G = np.asarray(data["seed_std"], float) if "seed_std" in data else None
-        offset = float(data.get("offset", 0.0))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: malformed reference ({e!r}); rebuild it") from e
-    if (frac_G.ndim != 1 or frac_G.shape != normalized_G.shape or frac_G.size < 2
-            or np.any(np.diff(frac_G) <= 0) or not np.all(np.isfinite(normalized_G))
-            or np.any(normalized_G <= 0)):
-        raise ConfigError(f"{path}: 'frac' must increase and match 'normalized_loss' (positive, finite) "
-                          "in length; rebuild the reference")
-    controls, _ = controls_from_mapping(data.get("controls", {}), path)
-    return Reference(frac_G, normalized_G, seed_std_G, controls, offset, data.get("final_loss"),
+        array = np.asarray(data[key], float)
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is None or array.ndim != 1 or not np.all(np.isfinite(array)):
+        raise ConfigError(f"{path}: {key!r} is not a list of finite numbers; {fix}")
+    return array
+
+
+def load_reference(path: str) -> Reference:
+    """The reference JSON at `path`; a file that is not one, or is damaged, is a one-line ConfigError."""
+    fix = "rebuild it with `celerity collapse reference`"
+    data = read_json(path, FORMAT, "celerity collapse reference")
+    frac_G = _float_array(data, "frac", path, fix)
+    normalized_G = _float_array(data, "normalized_loss", path, fix)
+    seed_std_G = _float_array(data, "seed_std", path, fix) if "seed_std" in data else None
+    if (frac_G.size < 2 or np.any(np.diff(frac_G) <= 0) or normalized_G.shape != frac_G.shape
+            or np.any(normalized_G <= 0) or (seed_std_G is not None and seed_std_G.shape != frac_G.shape)):
+        raise ConfigError(f"{path}: 'frac' must increase and match 'normalized_loss' (positive) and 'seed_std' "
+                          f"in length; {fix}")
+    offset = data.get("offset", 0.0)
+    # abs(offset) < 1e300 also refuses nan, inf and ints too large for a float
+    if isinstance(offset, bool) or not isinstance(offset, int | float) or not abs(offset) < 1e300:
+        raise ConfigError(f"{path}: 'offset' = {offset!r} is not a finite number; {fix}")
+    controls, _ = controls_from_mapping(data.get("controls", {}), path, fix)
+    return Reference(frac_G, normalized_G, seed_std_G, controls, float(offset), data.get("final_loss"),
                      data.get("provenance", {}), path)
 
 

@@ -13,6 +13,9 @@ with etils.epath (gs:// needs `gcsfs`), the shards by ArrayRecord's own C++ file
 import functools
 import itertools
 import json
+import os
+import shutil
+import uuid
 
 import numpy as np
 from array_record.python import array_record_module
@@ -22,6 +25,7 @@ from celerity_jax.data.config import DataConfig
 from celerity_jax.data.corpus import ReadReport, empty_corpus_error, iter_tokenized
 from celerity_jax.data.tokenizer import load_tokenizer, token_dtype
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import check_output_dir
 
 FORMAT = "celerity-tokens-v1"
 SPLITS = ("train", "val")
@@ -69,22 +73,63 @@ class _SplitWriter:
 
 
 def prepare(cfg: DataConfig, out_dir: str, *, chunk_tokens: int = 4096, shard_records: int = 16384) -> dict:
-    """Tokenizes the documents of `cfg` (source "stdlib" or "text") into a new shard folder; returns meta."""
+    """Tokenizes the documents of `cfg` (source "stdlib" or "text") into a new shard folder; returns meta.
+
+    A local `out_dir` (new, or an existing empty folder, which is replaced) appears complete or not at all:
+    the shards are written into a hidden folder beside it, renamed to `out_dir` at the end and removed on any
+    failure, Ctrl-C included. Missing parent folders are created. A URL (gs://...) is written in place, since
+    object stores cannot rename a folder atomically: there, a failed run leaves shards without meta.json.
+    """
     if chunk_tokens < 1 or shard_records < 1:
         raise ConfigError(f"--chunk-tokens={chunk_tokens} and --shard-records={shard_records} must be positive")
+    url = "://" in out_dir
+    if not url:
+        _check_local_out(out_dir)
     out = epath.Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out_dir} is not empty; give a new or empty folder (nothing is overwritten)")
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.separator_token)
-    dtype = token_dtype(tokenizer.vocab_size)
     report = ReadReport()
     documents = iter_tokenized(cfg, report)
     first = next(documents, None)  # bad paths and empty inputs fail here, before anything is created
     if first is None:
         raise empty_corpus_error(cfg, report)
-    out.mkdir(parents=True, exist_ok=True)
+    documents = itertools.chain([first], documents)
+    if url:
+        out.mkdir(parents=True, exist_ok=True)
+        return _write_folder(cfg, tokenizer, documents, report, out, chunk_tokens, shard_records)
+    target = os.path.realpath(out_dir)  # beside a symlink's target, so that the rename replaces the target
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    partial = os.path.join(parent, f".{name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.mkdir(partial)  # not tempfile.mkdtemp, whose folder would keep mode 0o700 after the rename
+    try:
+        meta = _write_folder(cfg, tokenizer, documents, report, epath.Path(partial), chunk_tokens, shard_records)
+        try:
+            os.rename(partial, target)  # replaces an empty folder; refuses one that is no longer empty
+        except OSError as e:
+            raise ConfigError(f"--out {out_dir}: the finished folder cannot be renamed to it ({e.strerror}: was "
+                              "something written there meanwhile?); give a new or empty folder") from e
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return meta
+
+
+def _check_local_out(out_dir: str) -> None:
+    check_output_dir(out_dir, "--out")
+    target = os.path.realpath(out_dir)
+    if target == os.path.realpath(os.getcwd()) or os.path.ismount(target):
+        raise ConfigError(f"--out {out_dir} is the working directory or a mount point, which the finished folder "
+                          f"cannot replace; give a folder inside it, e.g. --out {os.path.join(out_dir, 'shards')}")
+
+
+def _write_folder(cfg: DataConfig, tokenizer, documents, report: ReadReport, out: epath.Path, chunk_tokens: int,
+                  shard_records: int) -> dict:
+    """Writes the shards of `documents` and then meta.json into the existing folder `out`; returns meta."""
+    dtype = token_dtype(tokenizer.vocab_size)
     writers = {split: _SplitWriter(out, split, dtype, chunk_tokens, shard_records) for split in SPLITS}
-    for split, tokens in itertools.chain([first], documents):
+    for split, tokens in documents:
         writers[split].add(tokens)
     for writer in writers.values():
         writer.close()

@@ -19,7 +19,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents in the hash split's val")
     p.add_argument("--on-bad-file", choices=("skip", "fail"), default="skip",
                    help="binary/undecodable files: skip with a count, or stop")
-    p.add_argument("--out", required=True, help="new or empty output folder (local or gs://)")
+    p.add_argument("--out", required=True,
+                   help="new or empty output folder (local or gs://); a local one appears only once complete")
     p.add_argument("--chunk-tokens", type=int, default=4096, help="tokens per record")
     p.add_argument("--shard-records", type=int, default=16384, help="records per shard file")
     p.set_defaults(func=_prepare_data)

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 
 SOURCES = ("stdlib", "text", "arrayrecord")
@@ -40,6 +41,7 @@ class DataConfig:
     on_bad_file: str = "skip"
 
     def __post_init__(self):
+        check_field_types(self)
         # gin and JSON hand over lists; the config must stay hashable (it keys the corpus cache).
         object.__setattr__(self, "paths", tuple(self.paths))
         object.__setattr__(self, "val_paths", tuple(self.val_paths))

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
@@ -61,6 +62,7 @@ class ModelConfig:
     remat: str = "none"
 
     def __post_init__(self):
+        check_field_types(self)
         self.validate()
 
     @property
@@ -96,11 +98,11 @@ class ModelConfig:
         for name in ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len",
                      "d_base", "n_layers_base"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:
                 _fail(name, value, "must be a positive integer")
         for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            if not value > 0:
                 _fail(name, value, "must be a positive number")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
                               ("parametrization", PARAMETRIZATIONS), ("compute_dtype", COMPUTE_DTYPES),
@@ -109,20 +111,16 @@ class ModelConfig:
             value = getattr(self, name)
             if value not in allowed:
                 _fail(name, value, f"is not a known option; use one of {', '.join(allowed)}")
-        for name in ("tie_embeddings", "use_bias", "scan_layers"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(name, getattr(self, name), "must be True or False")
         if self.d_model % self.n_heads:
             _fail("d_model", self.d_model, f"is not divisible by n_heads={self.n_heads}; "
                   "choose n_heads that divides d_model")
         if self.n_heads * self.head_dim != self.d_model:
             _fail("head_dim", self.head_dim, f"does not match d_model/n_heads = {self.d_model // self.n_heads}; "
                   "set head_dim = d_model // n_heads")
-        if isinstance(self.depth_alpha, bool) or not isinstance(self.depth_alpha, (int, float)) or not (
-                0.5 <= self.depth_alpha <= 1.0):
+        if not 0.5 <= self.depth_alpha <= 1.0:
             _fail("depth_alpha", self.depth_alpha, "must lie in [0.5, 1] (1 is CompleteP)")
         chunk = self.logits_chunk_len
-        if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0):
+        if chunk != "auto" and (isinstance(chunk, str) or chunk < 0):
             _fail("logits_chunk_len", chunk, "must be 'auto', 0 (whole logits) or a positive number of positions")
         if self.d_ff < 1:
             _fail("mlp_ratio", self.mlp_ratio, f"gives an MLP width of {self.d_ff}; raise it")

@@ -5,6 +5,7 @@ What is trained (model, recipe, data, monitor) lives in those modules' own confi
 
 import dataclasses
 
+from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 from celerity_jax.sharding import MESH_AXES
 
@@ -42,8 +43,8 @@ class TrainConfig:
     init_from: str = ""
 
     def __post_init__(self):
-        if len(self.mesh_shape) != 3 or list(self.mesh_shape).count(-1) > 1 or any(
-                s == 0 or s < -1 for s in self.mesh_shape):
+        check_field_types(self)
+        if self.mesh_shape.count(-1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
             raise ConfigError(f"TrainConfig.mesh_shape={self.mesh_shape}: give 3 positive sizes for "
                               f"{MESH_AXES}, at most one of them -1 (all remaining devices)")
         for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last"):

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from celerity_jax import gin_config, recipe  # noqa: E402
 from celerity_jax.collapse import detectors, loading, monitor, reference  # noqa: E402
 from celerity_jax.fileio import write_json_atomic, write_text_atomic  # noqa: E402
-from celerity_jax.train import checkpoint, loop  # noqa: E402
+from celerity_jax.train import checkpoint, loop, rundir  # noqa: E402
 
 SIZES = ("d48", "d64", "d80")
 SEEDS = (0, 1, 2, 3, 4)
@@ -73,7 +73,7 @@ def train_until(size: str, params: list[str], run_dir: str, until: int, total: i
     changed) is refused, also when it is done."""
     stop = [] if until == total else [f"TrainConfig.stop_at_step = {until}"]
     configs = parse(size, params + stop)
-    loop.check_workdir(run_dir, loop.run_identity(configs, recipe.make_plan(configs.model, configs.recipe)), False)
+    rundir.check_workdir(run_dir, loop.run_identity(configs, recipe.make_plan(configs.model, configs.recipe)), False)
     if until in checkpoint.checkpoint_steps(os.path.join(run_dir, "checkpoints")):
         return
     name = os.path.relpath(run_dir, workdir)

@@ -299,7 +299,6 @@ def stop_step(plan, frac: float) -> int:
 def train_run(run: SweepRun, until_step: int, train_fn, force_new: bool, log) -> float:
     """Trains (or resumes) `run` up to `until_step` unless it is there; returns the seconds it took."""
     from celerity_jax import gin_config
-    from celerity_jax.train.interrupts import Interrupted
     from celerity_jax.train.loop import RunConfigs
 
     done = steps_done(run, force_new)
@@ -309,11 +308,8 @@ def train_run(run: SweepRun, until_step: int, train_fn, force_new: bool, log) ->
     log(f"\n== {run.label}: steps {max(done, 0)} -> {until_step} of {run.plan.steps}")
     configs = gin_config.parse_gin(run.gin_files, params)
     start = time.time()
-    summary = train_fn(RunConfigs(**configs), run.workdir, operative_config=gin_config.operative_config_str(),
-                       force_new=done < 0)
-    if summary and summary.get("stopped") == "interrupted":
-        raise Interrupted(f"interrupted while training {run.label} (its checkpoint is saved); rerun the same "
-                          "command to resume the sweep")
+    train_fn(RunConfigs(**configs), run.workdir, operative_config=gin_config.operative_config_str(),
+             force_new=done < 0)
     return time.time() - start
 
 

@@ -183,8 +183,7 @@ class Checkpointer:
         self._pending_step = None  # a save that may still be running in the background
 
     def save(self, step: int, state, data_state: dict) -> None:
-        if self._pending_step is not None:
-            self._wait_for_pending()
+        self.wait_until_saved()
         record = integrity_record(state, data_state, self.identity)
         self._pending_step = step
         try:
@@ -193,6 +192,11 @@ class Checkpointer:
                 integrity=ocp.args.JsonSave(record)), force=True)
         except Exception as e:  # orbax and tensorstore raise many types for a failed write
             raise self._save_error(step, e) from None
+
+    def wait_until_saved(self) -> None:
+        """Blocks until a background save has finished; raises CheckpointSaveError if it failed."""
+        if self._pending_step is not None:
+            self._wait_for_pending()
 
     def check_for_errors(self) -> None:
         """Raises CheckpointSaveError once a background save has failed (cheap: call it every step)."""
@@ -271,8 +275,7 @@ class Checkpointer:
         """Waits for a pending save; raises CheckpointSaveError if it failed (or, without `raise_errors`, as
         when the run is already stopping on another error, only logs it)."""
         try:
-            if self._pending_step is not None:
-                self._wait_for_pending()
+            self.wait_until_saved()
         except CheckpointSaveError:
             if raise_errors:
                 raise

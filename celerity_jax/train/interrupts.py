@@ -1,9 +1,10 @@
 """Ctrl-C (SIGINT) during `train`: a request to stop, honoured at the next safe point.
 
 The first interrupt sets a flag and raises nothing, so it cannot land inside a compilation or a
-garbage-collector callback. Startup checks the flag between its phases (`raise_if_requested`: exits
-without a checkpoint); the loop checks it after every step (saves a checkpoint, then exits). A second
-interrupt exits at once, without saving.
+garbage-collector callback. Startup checks the flag between its phases (`raise_if_requested`: stops
+without a checkpoint); the loop checks it after every step (saves a checkpoint, then stops). Either way
+`train` raises `Interrupted`, so every caller (sweep, demo, experiments) stops too. A second interrupt
+exits at once, without saving.
 """
 
 import contextlib
@@ -20,7 +21,7 @@ _depth = 0
 
 
 class Interrupted(RunStopped):
-    """A run stopped on Ctrl-C at a point where the loop could not save (before its first step)."""
+    """A run stopped on Ctrl-C; the message says whether a checkpoint was saved."""
     exit_code = EXIT_CODE
 
 

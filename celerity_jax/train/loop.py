@@ -113,18 +113,36 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
         data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), configs.model.vocab_size)
         mesh = sharding.make_mesh(configs.train.mesh_shape)
         sharding.check_batch_divisible(plan.batch_seqs, mesh, configs.train.microbatches)
+        lock = _lock_workdir(workdir, is_chief, log)
         if not is_chief:
             return _train(configs, plan, mesh, workdir, operative_config, force_new, is_chief, lambda _: None)
-        with rundir.locked(workdir, log), \
-                rundir.library_output_to_log(workdir, verbose or rundir.verbose_from_env()):
-            try:
+        try:
+            with rundir.library_output_to_log(workdir, verbose or rundir.verbose_from_env()):
                 return _train(configs, plan, mesh, workdir, operative_config, force_new, is_chief, log)
-            except OSError as e:
-                if e.errno not in DISK_ERRNOS:
-                    raise
-                free = shutil.disk_usage(workdir).free / 1e6
-                raise ConfigError(f"writing in {workdir} failed ({e.strerror}{f': {e.filename}' if e.filename else ''}"
-                                  f"; {free:.1f} MB free); free space or fix permissions, then rerun") from None
+        except OSError as e:
+            if e.errno not in DISK_ERRNOS:
+                raise
+            free = shutil.disk_usage(workdir).free / 1e6
+            raise ConfigError(f"writing in {workdir} failed ({e.strerror}{f': {e.filename}' if e.filename else ''}"
+                              f"; {free:.1f} MB free); free space or fix permissions, then rerun") from None
+        finally:
+            lock.release()
+
+
+def _lock_workdir(workdir: str, is_chief: bool, log) -> rundir.RunLock | None:
+    """Process 0 takes the workdir's run lock. With several processes all learn whether it did, so that none
+    waits at a barrier for a process 0 that has stopped."""
+    lock, error = None, None
+    if is_chief:
+        try:
+            lock = rundir.acquire(workdir, log)
+        except ConfigError as e:
+            error = e
+    if jax.process_count() > 1 and not multihost_utils.broadcast_one_to_all(np.int32(error is None)):
+        error = error or ConfigError(f"process 0 could not lock {workdir}; its output says why")
+    if error:
+        raise error
+    return lock
 
 
 def _train(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, operative_config: str, force_new: bool,
@@ -312,10 +330,9 @@ class _Loop:
                 if is_ckpt:
                     self.checkpointer.save(step, state, self.data_it.get_state())
                 if interrupted:
-                    stopped = "interrupted"
-                    progress.message(f"interrupted: saved a checkpoint at step {step}; rerun the same command to "
-                                     "resume")
-                    break
+                    self.checkpointer.wait_until_saved()
+                    raise interrupts.Interrupted(f"interrupted: saved a checkpoint at step {step}; rerun the same "
+                                                 "command to resume")
                 if stopped == "collapse_alert":
                     break
             if step == last_step and step < plan.steps:

@@ -1,6 +1,6 @@
 """`celerity train`: parse gin at the entry point, then run `celerity_jax.train.loop.train`."""
 
-from celerity_jax.train import interrupts
+from celerity_jax.train import interrupts, rundir
 
 
 def add_commands(subparsers) -> None:
@@ -23,6 +23,7 @@ def add_commands(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    rundir.send_library_output_to_log(args.workdir, args.verbose or rundir.verbose_from_env())
     with interrupts.handled():  # before JAX starts: an early Ctrl-C must not land inside its callbacks
         import jax
 

@@ -37,7 +37,9 @@ def _cli(workdir, *params, **popen):
         cmd += ["--gin_file", g]
     for p in params:
         cmd += ["--gin_param", p]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    # SIGINT as at a terminal, even where the test itself runs as a background job (which ignores it)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
 
 
 def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path):

@@ -45,11 +45,12 @@ def raise_if_requested() -> None:
 
 @contextlib.contextmanager
 def handled():
-    """SIGINT sets the flag inside the block (main thread only; elsewhere a no-op). Nested blocks share the
-    outermost handler; the outermost block restores the previous handler and clears the flag."""
+    """SIGINT sets the flag inside the block (main thread only, and not where SIGINT is ignored; elsewhere a
+    no-op). Nested blocks share the outermost handler; the outermost block restores the previous handler and
+    clears the flag."""
     global _requested, _depth
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield  # a background job started by a shell ignores SIGINT: keep it so
         return
     previous = signal.signal(signal.SIGINT, _on_sigint) if _depth == 0 else None
     _depth += 1

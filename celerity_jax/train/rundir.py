@@ -145,12 +145,11 @@ class _QuietFileHandler(logging.FileHandler):
         pass
 
 
-@contextlib.contextmanager
-def library_output_to_log(workdir: str, verbose: bool = False):
+def send_library_output_to_log(workdir: str, verbose: bool = False):
     """Sends Python logging, unraisable exceptions and background-thread exceptions to `workdir`/celerity.log
-    (opened at the first record); with `verbose` the console keeps them too."""
-    path = os.path.join(workdir, LOG_FILE)
-    handler = _QuietFileHandler(path, delay=True)
+    (opened at the first record); with `verbose` the console keeps them too. Returns the function that
+    undoes it. The CLI never undoes it: orbax's failed reads are collected as late as interpreter shutdown."""
+    handler = _QuietFileHandler(os.path.join(workdir, LOG_FILE), delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     log = logging.getLogger("celerity")
     root = logging.getLogger()
@@ -167,19 +166,29 @@ def library_output_to_log(workdir: str, verbose: bool = False):
         if verbose:
             saved[2](a)
 
-    root.handlers = saved[0] + [handler] if verbose else [handler]
-    sys.unraisablehook, threading.excepthook = unraisable, thread_exception
-    try:
-        yield path
-    except (ConfigError, RunStopped):
-        raise
-    except Exception:
-        log.error("the run stopped:\n%s", traceback.format_exc())
-        raise
-    finally:
+    def undo():
         gc.collect()  # failed background tasks report when collected: into the log, not after it is closed
         root.handlers, sys.unraisablehook, threading.excepthook = saved
         handler.close()
+
+    root.handlers = saved[0] + [handler] if verbose else [handler]
+    sys.unraisablehook, threading.excepthook = unraisable, thread_exception
+    return undo
+
+
+@contextlib.contextmanager
+def library_output_to_log(workdir: str, verbose: bool = False):
+    """`send_library_output_to_log` for the duration of the block, with the traceback of an unexpected error."""
+    undo = send_library_output_to_log(workdir, verbose)
+    try:
+        yield os.path.join(workdir, LOG_FILE)
+    except (ConfigError, RunStopped):
+        raise
+    except Exception:
+        logging.getLogger("celerity").error("the run stopped:\n%s", traceback.format_exc())
+        raise
+    finally:
+        undo()
 
 
 def run_json_path(workdir: str) -> str:

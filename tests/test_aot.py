@@ -65,6 +65,7 @@ def test_loop_correction_counts_every_microbatch():
     assert four["est_step_seconds"] > 0
 
 
+@pytest.mark.slow  # 17 s
 def test_corrected_flops_match_the_analytic_model_flops():
     # Analytic FLOPs count the input embedding as a matmul (6·V·D per token); XLA does a lookup there.
     configs = _configs("ModelConfig.vocab_size = 4096", "ModelConfig.d_model = 128", "ModelConfig.n_heads = 2",
@@ -179,6 +180,7 @@ def _cli(*args):
                           capture_output=True, text=True)
 
 
+@pytest.mark.slow  # 13 s
 def test_cli_prints_json_with_every_key(tmp_path):
     out = _cli("--gin_file", GIN[0], "--gin_file", GIN[1], "--topology", SLICE, "--json", "--cache_dir", str(tmp_path))
     assert out.returncode == 0, out.stderr

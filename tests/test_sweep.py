@@ -181,6 +181,7 @@ def test_kendall_tau_and_decide():
     assert sweep.decide({**preds, "d": None}, 1) is None
 
 
+@pytest.mark.slow  # 17 s
 def test_cli_sweep_stops_and_resumes_a_real_run(tmp_path, capsys):
     """One setting against a given reference curve: the target trains to --stop-at, is predicted, then
     resumes from its checkpoint to the end; a rerun trains nothing."""

@@ -66,6 +66,7 @@ def test_a_garbled_data_iterator_state_falls_back(tmp_path):
     assert any("data-iterator state does not match its checksum" in m for m in messages), messages
 
 
+@pytest.mark.slow  # 14 s
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     loop.train(_configs("TrainConfig.stop_at_step = 10"), ours, log=lambda _: None)

@@ -31,15 +31,18 @@ def _losses(workdir):
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
+# `celerity` with SIGINT as at a terminal, even where the tests run as a background job (which ignores it)
+_CELERITY = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from celerity_jax.cli import main; sys.exit(main())")
+
+
 def _cli(workdir, *params, **popen):
-    cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(workdir)]
+    cmd = [sys.executable, "-c", _CELERITY, "train", "--workdir", str(workdir)]
     for g in GIN:
         cmd += ["--gin_file", g]
     for p in params:
         cmd += ["--gin_param", p]
-    # SIGINT as at a terminal, even where the test itself runs as a background job (which ignores it)
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
 def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path):
@@ -119,6 +122,7 @@ def _always_nan(monkeypatch):
     monkeypatch.setattr(transformer, "next_token_loss", faulty)
 
 
+@pytest.mark.slow  # 9 s
 def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
     loop.train(_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
@@ -211,6 +215,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path):
     assert len(moved) == 1 and os.path.isdir(os.path.join(workdir, moved[0], "state"))
 
 
+@pytest.mark.slow  # 17 s
 def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -6,12 +6,12 @@ Gin is parsed only by the commands that take `--gin_file` (see `celerity_jax.gin
 
 import argparse
 import importlib
-import os
 import sys
 import traceback
 
 from celerity_jax import hostmem
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
+from celerity_jax.train.rundir import verbose_from_env
 
 COMMAND_MODULES = (
     "celerity_jax.model.commands",
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("celerity: interrupted", file=sys.stderr)
         return 130
-    verbose = getattr(args, "verbose", False) or os.environ.get("CELERITY_VERBOSE", "") not in ("", "0")
+    verbose = getattr(args, "verbose", False) or verbose_from_env()
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:

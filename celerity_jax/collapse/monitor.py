@@ -43,10 +43,7 @@ class MonitorConfig:
     stop_on_alert: bool = False         # read by the trainer: stop (with a checkpoint) on an alert
 
     def __post_init__(self):
-        check_field_types(self)
-        object.__setattr__(self, "align_window", tuple(self.align_window))  # hashable when gin gives a list
-        if len(self.align_window) != 2:
-            raise ConfigError(f"MonitorConfig.align_window = {self.align_window}: give (lo, hi)")
+        check_field_types(self)  # also makes align_window a pair: a tuple, hashable when gin gives a list
         lo, hi = self.align_window
         checks = [
             (self.n_bins >= 2, "n_bins must be >= 2"),

@@ -41,10 +41,7 @@ class DataConfig:
     on_bad_file: str = "skip"
 
     def __post_init__(self):
-        check_field_types(self)
-        # gin and JSON hand over lists; the config must stay hashable (it keys the corpus cache).
-        object.__setattr__(self, "paths", tuple(self.paths))
-        object.__setattr__(self, "val_paths", tuple(self.val_paths))
+        check_field_types(self)  # also turns the lists gin and JSON hand over into tuples: the config keys a cache
         self.validate()
 
     def validate(self) -> None:

@@ -31,11 +31,11 @@ time "$PY" benchmarks/attention_kernels.py --seq-lens 2048,8192 --heads 10 --hea
     --out "$OUT/attention_kernels.json" || echo "the attention kernel check failed (see above)"
 
 # the benchmark's 300m shape, as gin bindings on top of the Celerity 300M size file
-SHAPE=(--gin_file experiments/celerity/300m_20tpp.gin
-       --gin_param "RecipeConfig.seq_len = 2048" --gin_param "RecipeConfig.batch_seqs = 16"
-       --gin_param "ModelConfig.scan_layers = True" --gin_param "ModelConfig.attention_impl = 'cudnn'"
-       --gin_param "TrainConfig.mesh_shape = (1, 1, 1)")
-time "$PY" -m celerity_jax.cli compile "${SHAPE[@]}" --topology "$GPU-1" --cache_dir "" --json "$OUT/compile.json" \
+SHAPE=(--gin-file experiments/celerity/300m_20tpp.gin
+       --gin-param "RecipeConfig.seq_len = 2048" --gin-param "RecipeConfig.batch_seqs = 16"
+       --gin-param "ModelConfig.scan_layers = True" --gin-param "ModelConfig.attention_impl = 'cudnn'"
+       --gin-param "TrainConfig.mesh_shape = (1, 1, 1)")
+time "$PY" -m celerity_jax.cli compile "${SHAPE[@]}" --topology "$GPU-1" --cache-dir "" --json "$OUT/compile.json" \
     || echo "celerity compile did not finish (see above)"
 time "$PY" benchmarks/train_throughput.py --sizes 300m --steps 6 --out "$OUT/train_throughput.json"
 

@@ -27,8 +27,8 @@ GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 def build(params: list[str]):
     configs = gin_config.parse_gin([GIN], params)
-    plan = recipe.make_plan(configs["model"], configs["recipe"])
-    return step_lib.build_step(configs["model"], plan, configs["monitor"], sharding.make_mesh((-1, 1, 1)),
+    plan = recipe.make_plan(configs.model, configs.recipe)
+    return step_lib.build_step(configs.model, plan, configs.monitor, sharding.make_mesh((-1, 1, 1)),
                                microbatches=1, z_loss=0.0, seed=0)
 
 
@@ -93,7 +93,8 @@ def main() -> int:
     print(f"{'verify':>12s} {times['verify_s']:8.3f} {per_gb['verify_s_per_gb']:9.3f} "
           f"{100 * share['restore_share']:6.1f}%  of a restore ({times['restore_s']:.2f} s)")
     print(f"full Celerity-300M state ({result['full_300m_state_gb']:.2f} GB) at this rate: fingerprint "
-          f"{result['full_300m_fingerprint_s']:.2f} s per save, verify {result['full_300m_verify_s']:.2f} s per restore")
+          f"{result['full_300m_fingerprint_s']:.2f} s per save, verify {result['full_300m_verify_s']:.2f} s "
+          "per restore")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, result)
     print(f"wrote {args.out}")

@@ -18,7 +18,7 @@ import tempfile
 import jax
 import numpy as np
 
-from celerity_jax.collapse import curves, loading, reference, surrogate
+from celerity_jax.collapse import curves, files, reference, surrogate
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
 
@@ -41,8 +41,8 @@ def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) ->
 
 
 def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int, force: bool) -> dict:
-    runs = [loading.load_curve(p) for p in paths]
-    by_size: dict[float, list[loading.Curve]] = {}
+    runs = [files.load_curve(p) for p in paths]
+    by_size: dict[float, list[files.Curve]] = {}
     for run in runs:
         if run.controls.n_params is None:
             raise ConfigError(f"{run.source}: N unknown; give run directories or CSV sidecars with n_params")

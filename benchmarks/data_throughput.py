@@ -55,7 +55,7 @@ def measure_train_step(preset: str, vocab_size: int, seq_len: int, batch_seqs: i
     import numpy as np
 
     from celerity_jax import optim, recipe
-    from celerity_jax.collapse.monitor import MonitorConfig
+    from celerity_jax.collapse.config import MonitorConfig
     from celerity_jax.model import completep, presets, transformer
     from celerity_jax.train import step as step_lib
 

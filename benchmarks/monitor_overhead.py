@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from celerity_jax.collapse import curves, monitor
+from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.fileio import write_json_atomic
 
 
@@ -38,7 +39,7 @@ def make_step(d: int, hidden: int, with_monitor: bool):
     return jax.jit(step, donate_argnums=0)
 
 
-def init_state(d: int, hidden: int, cfg: monitor.MonitorConfig):
+def init_state(d: int, hidden: int, cfg: MonitorConfig):
     k1, k2 = jax.random.split(jax.random.key(0))
     params = {"w1_DxH": jax.random.normal(k1, (d, hidden)) / d**0.5,
               "w2_HxD": jax.random.normal(k2, (hidden, d)) / hidden**0.5}
@@ -54,7 +55,7 @@ def time_steps(step, state, x_BxD, n: int):
     return state, (time.perf_counter() - start) / n
 
 
-def measure(d: int, hidden: int, batch: int, cfg: monitor.MonitorConfig, steps: int, repeats: int) -> dict:
+def measure(d: int, hidden: int, batch: int, cfg: MonitorConfig, steps: int, repeats: int) -> dict:
     x_BxD = jax.random.normal(jax.random.key(1), (batch, d))
     runs = {}
     for with_monitor in (False, True):
@@ -70,7 +71,7 @@ def measure(d: int, hidden: int, batch: int, cfg: monitor.MonitorConfig, steps: 
             "measured_overhead": with_monitor / base - 1.0}
 
 
-def monitor_costs(cfg: monitor.MonitorConfig, n: int = 10_000) -> dict:
+def monitor_costs(cfg: MonitorConfig, n: int = 10_000) -> dict:
     @jax.jit
     def many_updates(state):
         return jax.lax.fori_loop(0, n, lambda i, s: monitor.monitor_update(s, 2.0 + i * 1e-5, i / n), state)
@@ -80,7 +81,8 @@ def monitor_costs(cfg: monitor.MonitorConfig, n: int = 10_000) -> dict:
     start = time.perf_counter()
     state = jax.block_until_ready(many_updates(state))
     update_s = (time.perf_counter() - start) / n
-    reference_G = curves.normalized_curve(state["loss_sum"], state["count"], cfg.smooth_bins)
+    mean_G, _ = curves.smooth(state["loss_sum"], state["count"], cfg.smooth_bins)
+    reference_G = curves.normalize(mean_G, mean_G[-1])
     jax.block_until_ready(monitor.monitor_metrics(state, reference_G, cfg))
     start = time.perf_counter()
     for _ in range(100):
@@ -96,7 +98,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--log-every", type=int, default=10, help="steps between monitor_metrics calls")
     args = parser.parse_args()
-    cfg = monitor.MonitorConfig()
+    cfg = MonitorConfig()
     costs = monitor_costs(cfg)
     rows = [measure(d, h, b, cfg, args.steps, args.repeats) for d, h, b in ((128, 512, 64), (256, 1024, 256))]
     for row in rows:

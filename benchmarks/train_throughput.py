@@ -1,30 +1,25 @@
 """Train-step throughput as a fraction of the machine's measured dense-matmul peak.
 
-In one run: the peak of a large dense matmul (float32 on CPU: the faster of XLA's and numpy's BLAS;
-bfloat16 on accelerators), then, for each model shape, the trainer's real jitted step
-(`celerity_jax.train.step.make_train_step`: forward, backward, the AdamW/CompleteP update, the
-collapse-monitor update and the metrics). Prints tokens/s, model FLOP/s (`params.flops_per_token`: 6N
-plus attention), their fraction of the peak, compile time, peak memory and host page faults per step,
-and writes JSON. It also times a minimal step built from the same pieces (loss,
-gradient, optimizer update; no monitor, no metrics, no non-finite guard) and the trainer's host work at a
-log step (fetching metrics, `monitor_metrics`, TensorBoard and curve.csv writes) to give the in-loop
-overhead of the step's bookkeeping (collapse monitor, non-finite guard, metrics) and of logging, and
-XLA's count of bytes accessed by the real step, the minimal one and the monitor update alone.
+Measures the peak of a large dense matmul (float32 on CPU: the faster of XLA's and numpy's BLAS; bfloat16
+on accelerators), then, per model shape, the trainer's jitted step (`train.step.build_step`: forward,
+backward, AdamW/CompleteP update, collapse-monitor update, metrics). Prints tokens/s, model FLOP/s
+(`params.flops_per_token`: 6N plus attention) and their fraction of the peak, compile time, peak memory and
+host page faults per step; writes JSON. The overhead column: the real step over a minimal one built from
+the same pieces (loss, gradient, update; no monitor, metrics or non-finite guard), plus the trainer's host
+work at a log step (`train.log_step.StepLog.record`, without an eval); with XLA's bytes accessed by the real
+step, the minimal one and the monitor update alone.
 
-The CPU speed-ups are on by default, as in the trainer, and each has an A/B switch: `--no-fast-dense`
-(ModelConfig.dense_backward = "plain"), `--no-blocked-attention` (attention_impl = "xla") and
-`--no-mallopt` (`celerity_jax.hostmem`, also off with CELERITY_RETAIN_HOST_MEMORY=0). `--levers` times
-the first two as extra variants in the same interleaved rotation and prints each one's effect; the
-allocator setting is per process, so compare a run with `--no-mallopt` against one without.
+CPU speed-ups are on by default, as in the trainer; A/B switches: `--no-fast-dense` (ModelConfig.
+dense_backward = "plain"), `--no-blocked-attention` (attention_impl = "xla"), `--no-mallopt`
+(`celerity_jax.hostmem`; also CELERITY_RETAIN_HOST_MEMORY=0, per process, so compare two runs). `--levers`
+times the first two as extra variants in the same interleaved rotation.
 
-Shapes: "128", "256", "512" are the tiny byte-vocabulary ladder (4 layers) at that width with
-`--head-dim` heads; "300m" is the celerity-300m preset at sequence 2048 (default on accelerators).
-Two phases per shape. First the peak matmuls, the real step and its variants are interleaved (this
-times the peak and each lever's effect side by side). Then real and minimal steps alternate with nothing
-else in between, as steps follow each other in training: this times the step and the in-loop overhead
-(switching between the matmuls and more variants reshuffles the host heap and slows some steps). A step
-counts at its fastest repeat (least disturbed by other load) against the fastest matmul of the whole run,
-and, in brackets, at its median against the median matmul of the first phase.
+Shapes: "128", "256", "512" are the tiny byte-vocabulary ladder (4 layers) at that width with `--head-dim`
+heads; "300m" is the celerity-300m preset at sequence 2048 (default on accelerators). Two phases per shape:
+first the peak matmuls, the real step and its variants interleaved (the peak and each lever side by side);
+then real and minimal steps alternating with nothing in between, as in training (the step and the
+overhead). A step counts at its fastest repeat against the fastest matmul of the whole run, and, in
+brackets, at its median against the median matmul of the first phase.
 
     .venv/bin/python benchmarks/train_throughput.py [--quick] [--sizes 128,256,512] [--seq-len 256]
         [--batch 16] [--steps 6] [--levers] [--no-fast-dense] [--no-blocked-attention] [--no-mallopt]
@@ -46,16 +41,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from celerity_jax import hostmem, optim, recipe, sharding
+from celerity_jax import hostmem, recipe, sharding
 from celerity_jax.collapse import monitor as monitor_lib
-from celerity_jax.collapse.monitor import MonitorConfig
+from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.model import completep, params as params_lib, presets, transformer
+from celerity_jax.model import params as params_lib, presets, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.loss import cross_entropy
+from celerity_jax.train import loop, rundir
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import TrainConfig
-from celerity_jax.train.loop import write_log_step
+from celerity_jax.train.log_step import StepLog, peak_flops
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 BIG_SEQ_LEN, BIG_BATCH = 2048, 16  # the 300m shape on an accelerator
@@ -136,24 +132,22 @@ def device_peak_bytes() -> int | None:
 
 
 def log_step_seconds(state, metrics, plan, log_every: int) -> float:
-    """The trainer's host work at one log step (as in `train.loop.train`): fetch the pending losses, the
-    bad-step counters and the metrics, compute the collapse metrics, write TensorBoard, curve.csv and
-    the console line. Median of 5, after a warm-up that compiles `monitor_metrics`."""
+    """The trainer's host work at one log step: its divergence check (`train.loop`) and `StepLog.record`
+    (fetch the pending losses and the metrics, compute the collapse metrics, write TensorBoard, curve.csv
+    and the console line), without an eval. Median of 5, after a warm-up that compiles `monitor_metrics`."""
     monitor_cfg = MonitorConfig()
     reference_G = jnp.linspace(2.0, 1.0, monitor_cfg.n_bins)  # any reference costs the same
     pending = [metrics["train/loss"]] * log_every
     with tempfile.TemporaryDirectory() as workdir:
-        tb, curve = TensorBoardWriter(workdir), CurveCSV(os.path.join(workdir, "curve.csv"), 0)
+        tb, curve = TensorBoardWriter(workdir), CurveCSV(os.path.join(workdir, rundir.CURVE_CSV), 0)
         progress = Progress(plan.steps, 0, stream=io.StringIO())
+        step_log = StepLog(plan, monitor_cfg, tb=tb, curve=curve, progress=progress,
+                           loss_ema_decay=TrainConfig.loss_ema, peak=peak_flops(TrainConfig.peak_flops_per_sec),
+                           start_step=0, reference_G=reference_G)
 
         def once(step: int):
-            losses = np.asarray(jax.device_get(pending), np.float64)
-            jax.device_get((state.bad_steps, state.first_bad_step))
-            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, reference_G, monitor_cfg))
-            values.update({k: float(v) for k, v in collapse.items()})
-            write_log_step(tb, curve, plan, step, losses, values)
-            progress.update(step, {"loss": values["train/loss"]})
+            loop.bad_step_counts(state)
+            step_log.record(step, state, metrics, pending)
 
         once(log_every)
         times = [timed(lambda: once(log_every * (i + 2))) for i in range(5)]
@@ -167,26 +161,22 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     cfg = model_config(size, args)
     plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=20, seq_len=seq_len, batch_seqs=batch_seqs,
                                                      warmup_tokens=None))
-    rng = jax.random.key(0)
-    optimizer = optim.build_optimizer(plan, completep.multipliers(
-        cfg, jax.eval_shape(lambda: transformer.init_params(cfg, rng))))
-    mesh = sharding.make_mesh((-1, 1, 1))
-    batch_sh = sharding.batch_sharding(mesh)
-    init = lambda: step_lib.init_state(cfg, optimizer, MonitorConfig(), rng)
-    state_sh = step_lib.state_shardings(jax.eval_shape(init), mesh, optimizer)
+    build = step_lib.build_step(cfg, plan, MonitorConfig(), sharding.make_mesh((-1, 1, 1)), microbatches=1,
+                                z_loss=0.0, seed=0)  # as the trainer builds it
+    optimizer, state_sh, batch_sh = build.optimizer, build.state_shardings, build.batch_sharding
     tokens_BxL1 = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch_seqs, seq_len + 1), dtype=np.int32)
     batch = jax.device_put({"inputs": tokens_BxL1[:, :-1], "targets": tokens_BxL1[:, 1:]}, batch_sh)
-    real = lambda c: step_lib.make_train_step(c, plan, optimizer, microbatches=1, z_loss=0.0,
-                                              state_shardings=state_sh, batch_sharding=batch_sh)
-    variants = {"real": real(cfg), "minimal": minimal_step(cfg, optimizer, state_sh, batch_sh)}
+    variants = {"real": build.train_step, "minimal": minimal_step(cfg, optimizer, state_sh, batch_sh)}
     if args.levers:  # the real step with one speed-up turned off (the optimizer and init do not change)
         for lever, off in LEVERS.items():
             if any(getattr(cfg, field) != value for field, value in off.items()):
-                variants[f"no_{lever}"] = real(dataclasses.replace(cfg, **off))
+                variants[f"no_{lever}"] = step_lib.make_train_step(
+                    dataclasses.replace(cfg, **off), plan, optimizer, microbatches=1, z_loss=0.0,
+                    state_shardings=state_sh, batch_sharding=batch_sh)
 
     runs = {}
     for name, jitted in variants.items():
-        state = jax.jit(init, out_shardings=state_sh)()
+        state = build.init()
         start = time.perf_counter()
         compiled = jitted.lower(state, batch).compile()
         compile_s = time.perf_counter() - start
@@ -284,6 +274,38 @@ def cpu_name() -> str:
         return platform.processor()
 
 
+def print_rows(rows: list[dict], peak: float, args, cpu: bool) -> None:
+    """The table (adding each row's fraction of the machine's peak), then what its columns mean."""
+    print(f"peak {peak / 1e9:.1f} GFLOP/s")
+    print(f"{'shape':>24s} {'tokens/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s} {'frac':>6s} {'(median)':>8s} "
+          f"{'compile s':>9s} {'mem MiB':>8s} {'faults':>7s} {'overhead':>8s} {'(graph+log)':>13s}")
+    for row in rows:
+        row["peak_flops_per_s"] = peak
+        row["frac_of_peak"] = row["model_flops_per_s"] / peak
+        shape = (f"d{row['d_model']}x{row['n_layers']} h{row['n_heads']}x{row['head_dim']} "
+                 f"{row['batch_seqs']}x{row['seq_len']}")
+        print(f"{shape:>24s} {row['tokens_per_s']:9.0f} {1e3 * row['step_s']:8.1f} "
+              f"{row['model_flops_per_s'] / 1e9:8.1f} "
+              f"{100 * row['frac_of_peak']:5.1f}% {100 * row['frac_of_peak_median']:7.1f}% "
+              f"{row['compile_s']:9.1f} {row['peak_memory_bytes'] / 2**20:8.0f} "
+              f"{row['page_faults_per_step']:7.0f} {100 * row['overhead']:7.1f}% "
+              f"({100 * row['overhead_in_graph']:+.1f}+{100 * row['overhead_logging']:.2f})")
+        if row["overhead_bytes_accessed"] is not None and row["monitor_bytes_fraction"] is not None:
+            print(f"{'':>24s} XLA bytes accessed: real step {100 * row['overhead_bytes_accessed']:+.1f}% over the "
+                  f"minimal one; the monitor update alone {row['monitor_bytes_fraction']:.1e} of the real step's")
+        for lever, effect in row["levers"].items():
+            print(f"{'':>24s} without {lever}: step {1e3 * effect['step_s']:.1f} ms against "
+                  f"{1e3 * effect['step_s_with']:.1f} ms with it in the same rotation, "
+                  f"{100 * effect['slowdown_if_off']:+.1f}% "
+                  f"(paired median {100 * effect['slowdown_if_off_paired_median']:+.1f}%)")
+    print(f"fastest of {args.steps} back-to-back steps against the fastest matmul of the run (in brackets: median "
+          "step against the median matmul); levers: timed in the interleaved rotation; overhead: real step over a "
+          "minimal one (loss, gradient, update) as the median of paired repeats, plus the host work of a log step "
+          f"every {args.log_every} steps; faults: host page faults per step; mem: "
+          f"{'peak host RSS of the process so far' if cpu else 'device peak'}; "
+          f"load average now {os.getloadavg()[0]:.1f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=None,
@@ -338,32 +360,8 @@ def main() -> int:
     rows = [bench_shape(size.strip(), args, peak_fns) for size in args.sizes.split(",")]
     # The machine's peak: the fastest matmul seen in the whole run, so a busy moment cannot lower it.
     peak = max([start_peak] + [row["row_peak_flops_per_s"] for row in rows])
-    print(f"peak {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'shape':>24s} {'tokens/s':>9s} {'step ms':>8s} {'GFLOP/s':>8s} {'frac':>6s} "
-          f"{'(median)':>8s} {'compile s':>9s} {'mem MiB':>8s} {'faults':>7s} {'overhead':>8s} {'(graph+log)':>13s}")
-    for row in rows:
-        row["peak_flops_per_s"] = peak
-        row["frac_of_peak"] = row["model_flops_per_s"] / peak
-        shape = f"d{row['d_model']}x{row['n_layers']} h{row['n_heads']}x{row['head_dim']} {row['batch_seqs']}x{row['seq_len']}"
-        print(f"{shape:>24s} {row['tokens_per_s']:9.0f} {1e3 * row['step_s']:8.1f} "
-              f"{row['model_flops_per_s'] / 1e9:8.1f} "
-              f"{100 * row['frac_of_peak']:5.1f}% {100 * row['frac_of_peak_median']:7.1f}% "
-              f"{row['compile_s']:9.1f} {row['peak_memory_bytes'] / 2**20:8.0f} "
-              f"{row['page_faults_per_step']:7.0f} {100 * row['overhead']:7.1f}% "
-              f"({100 * row['overhead_in_graph']:+.1f}+{100 * row['overhead_logging']:.2f})")
-        if row["overhead_bytes_accessed"] is not None and row["monitor_bytes_fraction"] is not None:
-            print(f"{'':>24s} XLA bytes accessed: real step {100 * row['overhead_bytes_accessed']:+.1f}% over the minimal "
-                  f"one; the monitor update alone {row['monitor_bytes_fraction']:.1e} of the real step's")
-        for lever, effect in row["levers"].items():
-            print(f"{'':>24s} without {lever}: step {1e3 * effect['step_s']:.1f} ms against "
-                  f"{1e3 * effect['step_s_with']:.1f} ms with it in the same rotation, "
-                  f"{100 * effect['slowdown_if_off']:+.1f}% (paired median {100 * effect['slowdown_if_off_paired_median']:+.1f}%)")
+    print_rows(rows, peak, args, cpu)
     load = os.getloadavg()[0]
-    print(f"fastest of {args.steps} back-to-back steps against the fastest matmul of the run (in brackets: median "
-          f"step against the median matmul); levers: timed in the interleaved rotation; overhead: real step over a minimal one (loss, gradient, update) as the "
-          f"median of paired repeats, plus the host work of a log step every {args.log_every} steps; faults: host page "
-          f"faults per step; mem: {'peak host RSS of the process so far' if cpu else 'device peak'}; "
-          f"load average now {load:.1f}")
     if load > (os.cpu_count() or 1):
         print(f"warning: load average {load:.1f} exceeds the {os.cpu_count()} cores; timings are noisy")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -4,6 +4,7 @@ A slice name is the one Cloud TPU uses (`v5p-8`, `v5litepod-16`, `v6e-64`) or `h
 NVIDIA GPUs (8 per host). v4 and v5p names count TensorCores (2 per chip, used as one megacore device);
 v5e and v6e names count chips. `compile_devices` builds compile-only devices of a slice on any host:
 TPU slices through libtpu, GPU slices through the CUDA PJRT plugin with a target description of the GPU.
+The chip facts and their sources: docs/accelerators.md.
 """
 
 import contextlib

@@ -14,14 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import gin
 
-from celerity_jax.collapse.monitor import MonitorConfig
+from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
-from celerity_jax.train.config import TrainConfig
+from celerity_jax.train.config import RunConfigs, TrainConfig
 
-# (key in parse_gin's result, config class).
+# (RunConfigs field, config class).
 CONFIGS = (
     ("model", ModelConfig),
     ("recipe", RecipeConfig),
@@ -33,8 +33,8 @@ _CONFIGURABLES = {key: gin.external_configurable(cls) for key, cls in CONFIGS}
 
 
 def parse_gin(gin_files: Sequence[str], gin_params: Sequence[str] = (), *,
-              base: Mapping[str, object] | None = None) -> dict[str, object]:
-    """Parses `gin_files` then the `gin_params` bindings; returns {"model": ModelConfig, ...}.
+              base: Mapping[str, object] | None = None) -> RunConfigs:
+    """Parses `gin_files` then the `gin_params` bindings into the run's configs.
 
     `base` optionally maps a key to a starting config (e.g. a model preset): fields bound in gin
     replace its values, the rest keep them. Unset fields otherwise take the class defaults.
@@ -42,7 +42,7 @@ def parse_gin(gin_files: Sequence[str], gin_params: Sequence[str] = (), *,
     gin.clear_config()
     for path in gin_files:
         if not os.path.isfile(path):
-            raise ConfigError(f"gin file {path!r} does not exist; pass an existing file to --gin_file")
+            raise ConfigError(f"gin file {path!r} does not exist; pass an existing file to --gin-file")
     # gin logs an error for every search directory that lacks an included file before it finds it;
     # a file that is found nowhere raises, so those logs are noise.
     previous_disable = logging.root.manager.disable
@@ -72,21 +72,12 @@ def parse_gin(gin_files: Sequence[str], gin_params: Sequence[str] = (), *,
             configs[key] = _CONFIGURABLES[key](**kwargs)
         except ConfigError as e:  # gin appends its own lines to the message, which names the field already
             raise ConfigError(str(e).partition("\n  In call to configurable")[0]) from None
-    return configs
+    return RunConfigs(**configs)
 
 
 def operative_config_str() -> str:
     """The bindings of every config built by the last `parse_gin`, defaults included."""
     return gin.operative_config_str()
-
-
-def train_from_gin(gin_files: Sequence[str], gin_params: Sequence[str], workdir: str, **train_kwargs) -> dict:
-    """Parses the run's gin files and bindings and trains (or resumes) it in `workdir`, saving its
-    operative config there; `train_kwargs` go to `celerity_jax.train.loop.train`."""
-    from celerity_jax.train.loop import RunConfigs, train
-
-    configs = RunConfigs(**parse_gin(gin_files, gin_params))
-    return train(configs, workdir, operative_config=operative_config_str(), **train_kwargs)
 
 
 @contextlib.contextmanager
@@ -118,7 +109,7 @@ def _parse(parse: Callable[[str], object], source: str, in_file: bool) -> None:
         message = "a bracket or a string quote is never closed" if isinstance(e, tokenize.TokenError) else str(e)
         location = m.groups() if (m := re.search(r'In file "(.*)", line (\d+)\n +(.*)', str(e))) else None
     if not in_file:
-        where = f"--gin_param {source!r}"
+        where = f"--gin-param {source!r}"
     elif location:
         where = f"{location[0]}, line {location[1]}: {location[2].strip()!r}"
     else:

@@ -1,6 +1,6 @@
 """The family planner: from a model shape and a token budget, every optimizer setting.
 
-SCIENCE.md §2, §3 and §7.
+docs/science.md §2, §3 and §7.
 
 τ = B/(η·λ·D) is the AdamW timescale as a fraction of training (B, D in tokens, η the peak LR
 applied to hidden matrices, λ the raw decoupled decay). The recipe pins τ (a number or the law

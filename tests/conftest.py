@@ -1,4 +1,13 @@
+"""Test settings (set before JAX is imported), the fixtures of the tests that train the tiny run, and a fake
+trainer for the tests of its callers."""
+
+import csv
+import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 # Tests compile many small programs, in this process and in the subprocesses they start (which inherit
 # the environment); compilation dominates their time. Set before JAX is imported:
@@ -7,9 +16,109 @@ import os
 #   programs are tiny).
 # - JAX on the CPU even where libtpu or the CUDA plugin is installed (the compile tests use them compile-only).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".jax_cache")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CACHE = os.path.join(REPO_ROOT, ".jax_cache")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+
+# The smallest tiny model with the test overrides: a few dozen steps.
+TINY_GIN = (os.path.join(REPO_ROOT, "experiments/tiny/d48.gin"), os.path.join(REPO_ROOT, "tests/configs/smoke.gin"))
+
+# `celerity` with SIGINT as at a terminal, even where the tests run as a background job (which ignores it).
+_CELERITY = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from celerity_jax.cli import main; sys.exit(main())")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> str:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_gin() -> tuple[str, ...]:
+    """The gin files of the smallest tiny run (d48 with tests/configs/smoke.gin)."""
+    return TINY_GIN
+
+
+@pytest.fixture(scope="session")
+def tiny_configs():
+    """(*bindings) -> the RunConfigs of the tiny run with those gin bindings."""
+    from celerity_jax import gin_config
+
+    return lambda *bindings: gin_config.parse_gin(TINY_GIN, list(bindings))
+
+
+@pytest.fixture(scope="session")
+def curve_losses():
+    """(workdir) -> {step: loss} from its curve.csv."""
+    def losses(workdir) -> dict[int, float]:
+        with open(os.path.join(workdir, "curve.csv")) as f:
+            return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
+
+    return losses
+
+
+@pytest.fixture(scope="session")
+def celerity_train():
+    """(workdir, *bindings, flags=(), **popen) -> a started `celerity train` of the tiny run (stdout and stderr
+    together in .stdout), which handles SIGINT as at a terminal."""
+    def start(workdir, *bindings, flags=(), **popen) -> subprocess.Popen:
+        cmd = [sys.executable, "-c", _CELERITY, "train", "--workdir", str(workdir), *flags]
+        for path in TINY_GIN:
+            cmd += ["--gin-file", path]
+        for binding in bindings:
+            cmd += ["--gin-param", binding]
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                **popen)
+
+    return start
+
+
+class FakeTrainer:
+    """Stands in for `train.loop.train` in the tests of its callers: writes what the trainer writes (run.json,
+    plan.json, curve.csv) from `loss(plan, step_T)`, up to TrainConfig.stop_at_step or the end, resuming where
+    the curve ends; archives the workdir with `force_new`. Records each call."""
+
+    def __init__(self, loss=None):
+        self.loss = loss or (lambda plan, step_T: 3.0 - step_T / plan.steps)
+        self.calls = []
+
+    def __call__(self, configs, workdir, operative_config="", force_new=False, verbose=False, log=print):
+        import numpy as np
+
+        from celerity_jax import recipe
+        from celerity_jax.train import rundir
+
+        plan = recipe.make_plan(configs.model, configs.recipe)
+        self.calls.append({"workdir": workdir, "stop_at_step": configs.train.stop_at_step, "force_new": force_new,
+                           "operative_config": operative_config})
+        if force_new:
+            rundir.archive_workdir(workdir, log)
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, rundir.RUN_JSON), "w") as f:
+            f.write(json.dumps(rundir.run_identity(configs, plan)))
+        with open(os.path.join(workdir, rundir.PLAN_JSON), "w") as f:
+            f.write(plan.to_json())
+        path = os.path.join(workdir, rundir.CURVE_CSV)
+        start = 0
+        if os.path.exists(path):
+            with open(path) as f:
+                start = int(f.read().strip().splitlines()[-1].split(",")[0])
+        else:
+            with open(path, "w") as f:
+                f.write("step,tokens,frac,loss\n")
+        end = min(plan.steps, configs.train.stop_at_step or plan.steps)
+        step_T = np.arange(start + 1, end + 1)
+        with open(path, "a") as f:
+            f.writelines(f"{s},{s * plan.batch_tokens},{float(s / plan.steps)!r},{float(v)!r}\n"
+                         for s, v in zip(step_T, self.loss(plan, step_T)))
+        return {"stopped": "finished" if end == plan.steps else "stop_at_step", "final_step": int(end)}
+
+
+@pytest.fixture
+def fake_trainer():
+    """The FakeTrainer class: `fake_trainer()` or `fake_trainer(loss)`."""
+    return FakeTrainer

@@ -16,7 +16,7 @@ from celerity_jax.aot.memory import compile_train_step
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.sharding import make_mesh
-from celerity_jax.train import loop, step as step_lib
+from celerity_jax.train import loop, setup, step as step_lib
 
 pytest.importorskip("libtpu", reason="libtpu (extra 'tpu', installed by `make test`) is absent")
 
@@ -32,7 +32,7 @@ TOO_BIG = ["ModelConfig.vocab_size = 128256", "ModelConfig.max_seq_len = 8192", 
 
 
 def _configs(*params):
-    return loop.RunConfigs(**gin_config.parse_gin(GIN, list(params)))
+    return gin_config.parse_gin(GIN, list(params))
 
 
 def test_tiny_step_compiles_for_a_tpu_slice_and_reports_numbers():
@@ -134,8 +134,8 @@ def test_search_skips_meshes_the_batch_does_not_split_over():
 
 
 def test_cli_names_the_fix_when_no_mesh_splits_the_batch(tmp_path):
-    out = _cli("--gin_file", GIN[0], "--gin_file", GIN[1], "--gin_param", "RecipeConfig.batch_seqs = 6",
-               "--topology", SLICE, "--search", "--cache_dir", str(tmp_path))
+    out = _cli("--gin-file", GIN[0], "--gin-file", GIN[1], "--gin-param", "RecipeConfig.batch_seqs = 6",
+               "--topology", SLICE, "--search", "--cache-dir", str(tmp_path))
     assert out.returncode == 1 and "RecipeConfig.batch_seqs" in out.stdout
 
 
@@ -169,7 +169,7 @@ def test_train_refuses_a_step_that_does_not_fit(tmp_path):
 def test_train_refuses_before_writing_anything(tmp_path, monkeypatch):
     def refuse(*_):
         raise ConfigError("the train step does not fit")
-    monkeypatch.setattr(loop, "compile_train_step", refuse)
+    monkeypatch.setattr(setup, "compile_train_step", refuse)
     with pytest.raises(ConfigError, match="does not fit"):
         loop.train(_configs(), str(tmp_path / "run"), log=lambda _: None)
     assert not os.path.exists(tmp_path / "run")
@@ -182,7 +182,7 @@ def _cli(*args):
 
 @pytest.mark.slow  # 13 s
 def test_cli_prints_json_with_every_key(tmp_path):
-    out = _cli("--gin_file", GIN[0], "--gin_file", GIN[1], "--topology", SLICE, "--json", "--cache_dir", str(tmp_path))
+    out = _cli("--gin-file", GIN[0], "--gin-file", GIN[1], "--topology", SLICE, "--json", "--cache-dir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert REPORT_KEYS <= set(report) and report["fits"]
@@ -190,7 +190,7 @@ def test_cli_prints_json_with_every_key(tmp_path):
 
 
 def test_cli_bad_topology_is_one_line():
-    out = _cli("--gin_file", GIN[0], "--topology", "v5p-7")
+    out = _cli("--gin-file", GIN[0], "--topology", "v5p-7")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "v5p-8" in out.stderr
 
 
@@ -207,7 +207,7 @@ def test_a_mesh_with_minus_one_is_reported_resolved():
 def test_cli_refuses_an_unwritable_json_path_before_compiling(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = _cli("--gin_file", GIN[0], "--topology", SLICE, "--json", str(blocker / "out.json"))
+    out = _cli("--gin-file", GIN[0], "--topology", SLICE, "--json", str(blocker / "out.json"))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--json" in out.stderr
 
 
@@ -231,7 +231,7 @@ def test_xla_minus_one_second_per_concat_bitcast_is_added_back():
 
 
 def test_cli_reports_a_step_that_does_not_fit_with_the_fix(tmp_path):
-    params = [arg for p in TOO_BIG for arg in ("--gin_param", p)]
-    out = _cli("--gin_file", GIN[0], "--gin_file", GIN[1], *params, "--topology", SLICE, "--cache_dir", str(tmp_path))
+    params = [arg for p in TOO_BIG for arg in ("--gin-param", p)]
+    out = _cli("--gin-file", GIN[0], "--gin-file", GIN[1], *params, "--topology", SLICE, "--cache-dir", str(tmp_path))
     assert out.returncode == 1 and "DOES NOT FIT" in out.stdout
     assert "fix       raise TrainConfig.microbatches (now 1; at most 16" in out.stdout

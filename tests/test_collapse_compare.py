@@ -5,8 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from celerity_jax.collapse import compare, curves, reference, surrogate
-from celerity_jax.collapse.loading import Controls, Curve
+from celerity_jax.collapse import compare, curves, files, reference, surrogate
+from celerity_jax.collapse.controls import Controls
+from celerity_jax.collapse.files import Curve
 from celerity_jax.errors import ConfigError
 
 N_BINS, WIDTH, STEPS = 100, 5, 800
@@ -22,7 +23,7 @@ def _run(n: float, seed: int, b: float = 0.1, fault: float = 0.0) -> Curve:
 def test_compare_family_quality_and_supercollapse():
     runs = [_run(n, 10 * k + s) for k, n in enumerate((1e5, 2e5, 4e5)) for s in range(2)]
     fam = compare.compare_family(runs, N_BINS, WIDTH)
-    normalized_KxG = np.stack([reference.normalize_run(r, N_BINS, WIDTH)[0] for r in runs])
+    normalized_KxG = np.stack([curves.normalize_run(r, N_BINS, WIDTH)[0] for r in runs])
     np.testing.assert_allclose(fam.normalized_KxG, normalized_KxG)
     assert fam.baseline == "family mean"
     np.testing.assert_allclose(fam.residual_KxG, normalized_KxG - normalized_KxG.mean(axis=0), atol=1e-7)
@@ -38,7 +39,7 @@ def test_compare_family_quality_and_supercollapse():
 
 def test_compare_against_references_reports_alert_onsets(tmp_path):
     path = os.path.join(tmp_path, "ref.json")
-    reference.save_reference(reference.reference_from_curves([_run(1e5, 1), _run(1e5, 2)], N_BINS, WIDTH), path)
+    files.save_reference(reference.reference_from_curves([_run(1e5, 1), _run(1e5, 2)], N_BINS, WIDTH), path)
     runs = [_run(1e5, 3), _run(1e5, 4, fault=0.2)]
     fam = compare.compare_family(runs, N_BINS, WIDTH, references=[path])
     assert fam.baseline == "reference" and fam.rows[0]["alert_onset_frac"] is None

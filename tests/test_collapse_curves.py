@@ -1,3 +1,5 @@
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,12 @@ from celerity_jax.collapse import curves, surrogate
 
 N_BINS = 200
 WIDTH = 5
+
+
+def _normalized(sum_G, count_G, width: int, offset: float = 0.0):
+    """A finished binned curve smoothed and divided by its own final (last-bin, smoothed) loss."""
+    mean_G, _ = curves.smooth(sum_G, count_G, width)
+    return curves.normalize(mean_G, mean_G[-1], offset)
 
 
 def _clean(steps=2000, b=0.1, q=1.0, final=3.0):
@@ -27,7 +35,7 @@ def test_binning_and_smoothing_match_a_direct_computation():
 
 def test_normalization_plain_and_offset():
     frac_T, loss_T = _clean()
-    l_G = curves.normalized_curve(*curves.bin_curve(frac_T, loss_T, N_BINS), WIDTH)
+    l_G = _normalized(*curves.bin_curve(frac_T, loss_T, N_BINS), WIDTH)
     assert float(l_G[-1]) == pytest.approx(1.0)
     assert float(l_G[N_BINS // 5]) > 1.05  # t̂ = 0.2 sits well above the end
     assert float(curves.normalize(3.0, 2.0, offset=1.0)) == pytest.approx(2.0)
@@ -36,7 +44,7 @@ def test_normalization_plain_and_offset():
 def test_early_align_recovers_the_divisor_and_its_noise():
     frac_T, clean_T = _clean()
     sum_G, count_G = curves.bin_curve(frac_T, clean_T, N_BINS)
-    ref_G = curves.normalized_curve(sum_G, count_G, WIDTH)
+    ref_G = _normalized(sum_G, count_G, WIDTH)
     final = 0.8 * float(curves.smooth(sum_G, count_G, WIDTH)[0][-1])  # L_T is the smoothed last bin
     # the reference of another size: same shape, different final loss
     exact = curves.early_align(*curves.bin_curve(frac_T, clean_T * 0.8, N_BINS), ref_G, (0.25, 0.5))
@@ -56,7 +64,7 @@ def test_early_align_recovers_the_divisor_and_its_noise():
 
 def test_prediction_error_falls_as_more_of_the_run_is_seen():
     frac_T, clean_T = _clean()
-    ref_G = curves.normalized_curve(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH)
+    ref_G = _normalized(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH)
     rng = np.random.default_rng(2)
     noisy_KxT = np.asarray(clean_T) * (1.0 + 0.05 * rng.standard_normal((100, clean_T.shape[0])))
 
@@ -75,7 +83,7 @@ def test_prediction_error_falls_as_more_of_the_run_is_seen():
 def test_early_align_with_offset_predicts_the_final_loss():
     frac_T, clean_T = _clean()
     l0 = 1.5
-    ref_G = curves.normalized_curve(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH, offset=l0)
+    ref_G = _normalized(*curves.bin_curve(frac_T, clean_T, N_BINS), WIDTH, offset=l0)
     sum_G, count_G = curves.bin_curve(frac_T, l0 + (clean_T - l0) * 0.7, N_BINS)
     align = curves.early_align(sum_G, count_G, ref_G, (0.25, 0.5), offset=l0)
     assert float(align.final) == pytest.approx(l0 + (float(clean_T[-1]) - l0) * 0.7, rel=1e-3)
@@ -84,7 +92,7 @@ def test_early_align_with_offset_predicts_the_final_loss():
 def test_residuals_are_zero_on_the_reference_and_see_a_drift():
     frac_T, clean_T = _clean()
     sum_G, count_G = curves.bin_curve(frac_T, clean_T, N_BINS)
-    ref_G = curves.normalized_curve(sum_G, count_G, WIDTH)
+    ref_G = _normalized(sum_G, count_G, WIDTH)
     align = curves.early_align(sum_G, count_G, ref_G, (0.25, 0.5))
     r_G, sigma_G, l_G = curves.residuals(sum_G, count_G, ref_G, align, WIDTH)
     assert float(jnp.max(jnp.abs(r_G))) < 1e-4
@@ -113,3 +121,93 @@ def test_collapse_quality_and_supercollapse():
     assert float(loose["ratio"]) > 1.5
     seeds_KxRxG[0, 3:] = np.nan  # fewer seeds for one size
     assert np.isfinite(float(curves.supercollapse(seeds_KxRxG, frac_G)["sigma"]))
+
+
+FAMILY_BINS, FAMILY_WIDTH, FAMILY_STEPS = 200, 11, 1500
+REF_SIZES = (1e5, 2e5, 4e5)
+
+
+def _family_run(n: float, seed: int, noise: float = 0.02):
+    """A member of a drifting family: the surrogate's b grows with N, the final loss falls."""
+    return surrogate.sample_curve(jax.random.key(seed), FAMILY_STEPS, 0.1 * (n / 1e5)**0.15, 1.0,
+                                  4.0 * (n / 1e5)**-0.1, noise)
+
+
+def _family_normalized(frac_T, loss_T):
+    return np.asarray(_normalized(*curves.bin_curve(frac_T, loss_T, FAMILY_BINS), FAMILY_WIDTH))
+
+
+def test_family_curve_is_exact_on_a_log_linear_family_and_a_mean_for_one_size():
+    frac_G = curves.bin_centers(FAMILY_BINS)
+    shape_G, slope_G = 0.3 * (1.0 - frac_G), 0.02 * (1.0 - frac_G)
+    sizes = np.array([1e6, 3e6, 1e7])
+    refs_KxG = np.exp(shape_G + slope_G * np.log(sizes)[:, None])
+    np.testing.assert_allclose(curves.family_curve(refs_KxG, sizes, 1e8),
+                               np.exp(shape_G + slope_G * np.log(1e8)), rtol=1e-5)
+    same = curves.family_curve(refs_KxG[:2], np.array([1e6, 1e6]), 1e8)
+    np.testing.assert_allclose(same, np.exp(np.log(refs_KxG[:2]).mean(axis=0)), rtol=1e-5)
+
+
+def test_family_aware_beats_single_reference_on_a_drifting_family():
+    refs_KxG = np.stack([np.mean([_family_normalized(*_family_run(n, 100 + 10 * k + s)) for s in range(2)], axis=0)
+                         for k, n in enumerate(REF_SIZES)])
+    errors = {"single": [], "family": []}
+    for target in (8e5, 1.6e6):
+        family_G = curves.family_curve(refs_KxG, np.array(REF_SIZES), target)
+        frac_T, clean_T = _family_run(target, 0, noise=0.0)
+        true_final = float(curves.smooth(*curves.bin_curve(frac_T, clean_T, FAMILY_BINS), FAMILY_WIDTH)[0][-1])
+        for seed in range(4):
+            frac_T, loss_T = _family_run(target, seed)
+            for seen in (0.3, 0.5):
+                partial = curves.bin_curve(frac_T, np.where(np.asarray(frac_T) <= seen, loss_T, np.nan), FAMILY_BINS)
+                for name, ref_G in (("single", refs_KxG[-1]), ("family", family_G)):
+                    final = float(curves.early_align(*partial, ref_G, (0.1, seen)).final)
+                    errors[name].append(abs(final / true_final - 1.0))
+    single, fam = np.mean(errors["single"]), np.mean(errors["family"])
+    assert fam < 0.6 * single, (fam, single)
+    assert fam < 0.01
+
+
+def test_predictions_from_one_size_equal_single_reference_alignment():
+    ref_G = _family_normalized(*_family_run(4e5, 7))
+    frac_T, loss_T = _family_run(8e5, 8)
+    binned = curves.bin_curve(frac_T, loss_T, FAMILY_BINS)
+    one = curves.family_curve(ref_G[None], np.array([4e5]), 8e5)
+    assert float(curves.early_align(*binned, one, (0.25, 0.5)).final) == pytest.approx(
+        float(curves.early_align(*binned, ref_G, (0.25, 0.5)).final), rel=1e-6)
+
+
+def _python_ema(losses, decay: float) -> list[float]:
+    """The recurrence written out in plain Python floats, one loss at a time."""
+    value = weight = 0.0
+    out = []
+    for loss in losses:
+        if math.isfinite(loss):
+            weight = decay * weight + (1 - decay)
+            value = decay * value + (1 - decay) * loss
+        out.append(value / weight if weight else math.nan)
+    return out
+
+
+def test_loss_ema_is_the_bias_corrected_ema_of_the_finite_losses():
+    loss_T = 2.0 + np.random.default_rng(4).random(300)
+    loss_T[[0, 57, 58, 299]] = [np.nan, np.inf, np.nan, np.nan]  # skipped steps leave the EMA unchanged
+    ema_T, carry = curves.loss_ema(loss_T, 0.98)
+    np.testing.assert_array_equal(ema_T, _python_ema(loss_T, 0.98))  # bit for bit, NaN before the first
+    assert np.isnan(ema_T[0]) and ema_T[1] == loss_T[1] and ema_T[58] == ema_T[56] and ema_T[-1] == ema_T[-2]
+    assert carry[0] / carry[1] == ema_T[-1]
+
+
+def test_loss_ema_continues_across_chunks_exactly():
+    loss_T = 2.0 + np.random.default_rng(5).random(500)
+    loss_T[100:130] = np.nan
+    whole_T, whole_carry = curves.loss_ema(loss_T, 0.9)
+    carry, parts = (0.0, 0.0), []
+    for chunk in np.array_split(loss_T, [1, 7, 100, 110, 130, 131, 420]):  # one chunk holds only NaNs
+        part_T, carry = curves.loss_ema(chunk, 0.9, carry)
+        parts.append(part_T)
+    np.testing.assert_array_equal(np.concatenate(parts), whole_T)
+    assert carry == whole_carry
+    only_nan_T, same = curves.loss_ema(np.full(3, np.nan), 0.9, carry)
+    assert same == carry and np.all(only_nan_T == whole_T[-1])
+    assert np.isnan(curves.loss_ema([np.nan], 0.9)[0][0])

@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
 
-from celerity_jax.collapse import detectors
+from celerity_jax.collapse import curves, detectors
 from celerity_jax.errors import ConfigError
-from celerity_jax.train.loop import _LossEMA
 
 CFG = detectors.ZScoreConfig()
 
@@ -14,14 +13,13 @@ def _noisy_curve(steps=1000, noise=0.03, seed=0):
     return (2.0 + 3.0 * t_T ** -0.5) * (1.0 + noise * rng.standard_normal(steps))
 
 
-def test_loss_ema_is_the_trainers_smoothed_loss():
+def test_the_smoothed_loss_is_the_loss_ema():
     loss_T = _noisy_curve(300)
     loss_T[[0, 57, 58]] = np.nan  # skipped steps leave the EMA unchanged
-    ema = _LossEMA(0.98)
-    expected = [ema.update([x]) for x in loss_T]
-    got = np.asarray(detectors.loss_ema(loss_T, 0.98))
+    got = np.asarray(detectors.zscore_detector(loss_T, CFG)["smooth"])
+    expected = curves.loss_ema(loss_T, CFG.ema_decay)[0]
     assert np.isnan(got[0]) and np.isnan(expected[0])
-    np.testing.assert_allclose(got[1:], expected[1:], rtol=1e-5)
+    np.testing.assert_allclose(got[1:], expected[1:], rtol=1e-6)
 
 
 def test_rolling_zscore_compares_with_the_previous_window_only():

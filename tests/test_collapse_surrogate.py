@@ -1,11 +1,12 @@
-import json
+import dataclasses
 import os
 
 import jax
 import numpy as np
 import pytest
 
-from celerity_jax.collapse import curves, surrogate
+from celerity_jax.collapse import curves, files, surrogate
+from celerity_jax.collapse.controls import Controls
 from celerity_jax.errors import ConfigError
 
 N_BINS = 200
@@ -53,7 +54,8 @@ def test_fit_on_noisy_runs_reaches_the_noise_floor():
     rows = []
     for i, (tau, tpp) in enumerate([(t, p) for t in TAUS for p in TPPS]):
         frac_T, loss_T = surrogate.sample_curve(jax.random.key(i), 2000, TRUTH.b(tau), TRUTH.q(tpp), 3.0, 0.02)
-        rows.append((np.asarray(curves.normalized_curve(*curves.bin_curve(frac_T, loss_T, N_BINS), 11)), tau, tpp))
+        mean_G, _ = curves.smooth(*curves.bin_curve(frac_T, loss_T, N_BINS), 11)
+        rows.append((np.asarray(curves.normalize(mean_G, mean_G[-1])), tau, tpp))
     n = len(rows)
     fit = surrogate.fit_surrogate(np.stack([r[0] for r in rows]), frac_G, np.tile(np.asarray(eta_G), (n, 1)),
                                   np.full(n, float(eta_end)), np.array([r[1] for r in rows]),
@@ -68,12 +70,12 @@ def test_one_tau_holds_its_exponent_at_zero_and_files_round_trip(tmp_path):
     assert fit.constants.b(TAUS[0]) == pytest.approx(TRUTH.b(TAUS[0]), rel=0.05)
 
     path = os.path.join(tmp_path, "surrogate.json")
-    surrogate.save_surrogate(fit, [{"curve": f"c{i}"} for i in range(len(fit.mae_C))], (0.2, 1.0), {}, path)
-    assert surrogate.load_surrogate(path) == fit.constants
+    files.save_surrogate(fit, [{"curve": f"c{i}"} for i in range(len(fit.mae_C))], (0.2, 1.0), {}, path)
+    assert files.load_surrogate(path) == fit.constants
     with open(path, "w") as f:
         f.write('{"format": "something else"}')
     with pytest.raises(ConfigError, match="format .something else., expected"):
-        surrogate.load_surrogate(path)
+        files.load_surrogate(path)
 
 
 def test_sample_curve_has_the_requested_noise():
@@ -92,14 +94,22 @@ def test_mae_per_curve_scores_given_constants_like_the_fit():
     assert surrogate.mae_per_curve(wrong, *family).min() > 0.01
 
 
-def test_the_shipped_default_loads_with_its_provenance():
-    assert surrogate.surrogate_path("default") == surrogate.default_surrogate_path()
-    assert surrogate.surrogate_path("my.json") == "my.json"
-    constants = surrogate.default_surrogate()
-    data = json.load(open(surrogate.default_surrogate_path()))
-    assert data["format"] == surrogate.FORMAT and constants == surrogate.load_surrogate(surrogate.default_surrogate_path())
-    prov = data["provenance"]
-    assert {"created", "machine", "commit", "command", "grid", "mae_per_size"} <= set(prov)
-    assert len(data["curves"]) >= 4 and all({"tau", "tpp", "mae"} <= set(c) for c in data["curves"])
-    assert 0 < data["mae"] < 0.1 and len(set(c["tau"] for c in data["curves"])) > 1
-    assert all(np.isfinite([constants.b_c, constants.b_e, constants.q_c, constants.q_e]))
+CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
+
+
+def _curve(seed: int, controls=CONTROLS, b: float = 0.1, steps: int = 1000) -> files.Curve:
+    frac_T, loss_T = surrogate.sample_curve(jax.random.key(seed), steps, b, 1.0, 3.0, 0.01)
+    return files.Curve(f"seed{seed}", f"run{seed}/curve.csv", np.arange(1, steps + 1, dtype=float),
+                       np.asarray(loss_T, float), np.asarray(frac_T, float), steps, "plan", controls)
+
+
+def test_surrogate_inputs_normalize_runs_and_select_curves():
+    runs = [_curve(0), _curve(1, dataclasses.replace(CONTROLS, tau=0.35), b=0.2)]
+    inputs = surrogate.surrogate_inputs(runs, N_BINS, 11)
+    assert inputs.curves_CxG.shape == inputs.eta_CxG.shape == (2, N_BINS)
+    np.testing.assert_allclose(inputs.curves_CxG[0], curves.normalize_run(runs[0], N_BINS, 11)[0])
+    assert list(inputs.tau_C) == [0.17, 0.35] and inputs.info[1]["curve"] == "run1/curve.csv"
+    second = inputs.take(np.array([False, True]))
+    assert second.info == inputs.info[1:] and np.array_equal(second.curves_CxG, inputs.curves_CxG[1:])
+    with pytest.raises(ConfigError, match=r"run0/curve.csv: the surrogate needs the controls \['tau'\]"):
+        surrogate.surrogate_inputs([_curve(0, dataclasses.replace(CONTROLS, tau=None))], N_BINS, 11)

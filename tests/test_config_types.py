@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from celerity_jax.collapse.monitor import MonitorConfig
+from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.config_types import check_field_types
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError

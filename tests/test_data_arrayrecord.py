@@ -39,7 +39,8 @@ def _broken_copy(shards: str, tmp_path, damage) -> str:
 
 
 def test_shards_hold_the_same_stream_as_memory(text_cfg, shards):
-    meta = json.load(open(f"{shards}/meta.json"))
+    with open(f"{shards}/meta.json") as f:
+        meta = json.load(f)
     mem = corpus.load_corpus(text_cfg)
     assert meta["splits"]["train"]["tokens"] == mem.train.size and meta["splits"]["val"]["tokens"] == mem.val.size
     assert len(meta["splits"]["train"]["shards"]) > 2 and meta["vocab_size"] == 257 and meta["dtype"] == "uint16"
@@ -63,7 +64,7 @@ def test_shard_batches_equal_in_memory_batches(text_cfg, shards):
 
 
 def test_bpe_shards_record_their_tokenizer(text_cfg, tmp_path):
-    texts = [open(p).read() for p in corpus.expand_paths(text_cfg.paths, "paths")]
+    texts = [pathlib.Path(p).read_text() for p in corpus.expand_paths(text_cfg.paths, "paths")]
     tok = train_bpe(texts, 300, str(tmp_path / "tokenizer.json"))
     meta = arrayrecord.prepare(dataclasses.replace(text_cfg, tokenizer=tok), str(tmp_path / "bpe"))
     vocab = load_tokenizer(tok).vocab_size  # BPE training stops early once no pair repeats

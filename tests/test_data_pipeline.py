@@ -159,12 +159,7 @@ def test_a_corpus_shorter_than_one_sequence_is_an_error(cfg):
         pipeline.make_train_iterator(cfg, 100_000, 1, seed=0)
 
 
-def test_model_checks():
-    pipeline.check_seq_len(64, 64)
-    with pytest.raises(ConfigError, match="exceeds ModelConfig.max_seq_len=64"):
-        pipeline.check_seq_len(65, 64)
-    with pytest.raises(ConfigError, match="at least 1"):
-        pipeline.check_seq_len(0, 64)
+def test_vocab_check():  # the sequence length is checked by recipe.make_plan (tests/test_recipe.py)
     pipeline.check_vocab(257, 257)
     with pytest.raises(ConfigError, match="257 token ids but ModelConfig.vocab_size=256.*at least 257"):
         pipeline.check_vocab(pipeline.tokenizer_vocab_size(DataConfig()), 256)

@@ -30,7 +30,8 @@ def test_byte_tokenizer_has_no_configurable_separator():
 def test_bpe_trained_locally_round_trips_and_finds_its_end_of_text(bpe_path):
     tok = load_tokenizer(bpe_path)
     assert tok.vocab_size == 400
-    assert tok.separator_id == json.load(open(bpe_path))["added_tokens"][0]["id"]
+    with open(bpe_path) as f:
+        assert tok.separator_id == json.load(f)["added_tokens"][0]["id"]
     ids = tok.encode_batch(TEXTS[:2])
     assert all(i.dtype == np.int32 for i in ids)
     assert sum(i.size for i in ids) < sum(len(t.encode()) for t in TEXTS[:2]) / 2  # merges were learned
@@ -41,7 +42,8 @@ def test_bpe_trained_locally_round_trips_and_finds_its_end_of_text(bpe_path):
 def test_bpe_separator_must_exist(bpe_path, tmp_path):
     with pytest.raises(ConfigError, match="separator_token='<nope>'"):
         load_tokenizer(bpe_path, "<nope>")
-    spec = json.load(open(bpe_path))
+    with open(bpe_path) as f:
+        spec = json.load(f)
     spec["added_tokens"] = []
     del spec["model"]["vocab"]["<|endoftext|>"]
     bare = tmp_path / "bare.json"

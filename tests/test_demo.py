@@ -6,13 +6,15 @@ import pytest
 
 from celerity_jax import demo, gin_config, recipe
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
     runs = demo.demo_runs(demo.SIZES, quick=False)
     plans = {}
     for run in runs:
         configs = gin_config.parse_gin(run.gin_files, run.gin_params)
-        plans[run.name] = recipe.make_plan(configs["model"], configs["recipe"])
+        plans[run.name] = recipe.make_plan(configs.model, configs.recipe)
     tau_plans = [plans[f"tau/{s}"] for s in demo.SIZES]
     naive_plans = [plans[f"naive/{s}"] for s in demo.SIZES]
     assert len({p.tpp for p in tau_plans}) == 1
@@ -22,7 +24,7 @@ def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
     assert max(tokens) / min(tokens) < 1.01
     assert {p.weight_decay for p in naive_plans} == {1.0}
     assert max(p.tau for p in naive_plans) / min(p.tau for p in naive_plans) > 1.5
-    seeds = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params)["train"].seed for run in runs}
+    seeds = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params).train.seed for run in runs}
     assert len({seeds[f"tau/{s}"] for s in demo.SIZES}) == 3  # no shared batch order within a family
     assert all(seeds[f"tau/{s}"] == seeds[f"naive/{s}"] for s in demo.SIZES)
 
@@ -54,4 +56,5 @@ def test_report_measures_each_recipe_and_their_ratio(tmp_path):
     assert summary["ratio"] == pytest.approx(summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"])
     report = (tmp_path / "report.md").read_text()
     assert f"**{summary['ratio']:.2f}**" in report and "met" in report
+    assert demo.SEED_NOISE_RESULTS in report and os.path.isfile(os.path.join(ROOT, demo.SEED_NOISE_RESULTS))
     assert (tmp_path / "collapse.png").stat().st_size > 10_000

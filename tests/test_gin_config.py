@@ -1,4 +1,3 @@
-import os
 import subprocess
 import sys
 
@@ -10,25 +9,22 @@ from celerity_jax.model import presets
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
-
 
 def test_files_then_bindings_with_includes_beside_the_file(tmp_path, monkeypatch):
     (tmp_path / "base.gin").write_text("ModelConfig.d_model = 896\nModelConfig.n_heads = 14\n")
     (tmp_path / "run.gin").write_text("include 'base.gin'\nRecipeConfig.tpp = 80\n")
     monkeypatch.chdir(tmp_path.parent)
     configs = gin_config.parse_gin([str(tmp_path / "run.gin")], ["RecipeConfig.tau = 0.1"])
-    assert configs["model"] == ModelConfig(d_model=896, n_heads=14)
-    assert configs["recipe"] == RecipeConfig(tpp=80, tau=0.1)
+    assert configs.model == ModelConfig(d_model=896, n_heads=14)
+    assert configs.recipe == RecipeConfig(tpp=80, tau=0.1)
     assert "ModelConfig.d_model = 896" in gin_config.operative_config_str()
 
 
 def test_base_config_keeps_unbound_fields():
     base = {"model": presets.preset("tiny-d48")}
     configs = gin_config.parse_gin([], ["ModelConfig.n_layers = 3"], base=base)
-    assert configs["model"] == presets.preset("tiny-d48", n_layers=3)
-    assert configs["recipe"] == RecipeConfig()
+    assert configs.model == presets.preset("tiny-d48", n_layers=3)
+    assert configs.recipe == RecipeConfig()
 
 
 @pytest.mark.parametrize("binding, problem, fix", [
@@ -45,7 +41,7 @@ def test_a_bad_binding_is_named_in_one_line_then_the_fix(binding, problem, fix):
     with pytest.raises(ConfigError) as e:
         gin_config.parse_gin([], ["RecipeConfig.tpp = 80", binding])
     first, fix_line = str(e.value).split("\n")
-    assert first.startswith(f"gin: --gin_param {binding!r}: ") and problem in first
+    assert first.startswith(f"gin: --gin-param {binding!r}: ") and problem in first
     assert fix_line.startswith("Fix: ") and fix in fix_line
 
 
@@ -78,20 +74,12 @@ def test_missing_files(tmp_path):
         gin_config.parse_gin([str(tmp_path / "run.gin")])
 
 
-def test_train_from_gin_trains_and_saves_the_operative_config(tmp_path):
-    workdir = tmp_path / "run"
-    summary = gin_config.train_from_gin(GIN, ["TrainConfig.stop_at_step = 5"], str(workdir), log=lambda _: None)
-    assert summary["final_step"] == 5 and summary["stopped"] == "stop_at_step"
-    operative = (workdir / "config.gin").read_text()
-    assert "TrainConfig.stop_at_step = 5" in operative and "ModelConfig.d_model = 48" in operative
-
-
-def test_celerity_train_with_a_bad_value_exits_2_with_one_line(tmp_path):
+def test_celerity_train_with_a_bad_value_exits_2_with_one_line(tmp_path, tiny_gin, repo_root):
     cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(tmp_path / "run"),
-           "--gin_param", "TrainConfig.seed = None"]
-    for path in GIN:
-        cmd += ["--gin_file", path]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+           "--gin-param", "TrainConfig.seed = None"]
+    for path in tiny_gin:
+        cmd += ["--gin-file", path]
+    result = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr == "celerity train: error: TrainConfig.seed=None must be an int, e.g. 0\n"
     assert not (tmp_path / "run").exists()

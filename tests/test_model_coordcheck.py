@@ -5,7 +5,7 @@ import pytest
 
 from celerity_jax.model import coordcheck
 
-FULL = coordcheck.CoordCheckConfig()  # the issue's ladder: widths 64..512 at depth 2, depths 2..16 at width 64
+FULL = coordcheck.CoordCheckConfig()  # the full ladder: widths 64..512 at depth 2, depths 2..16 at width 64
 # The same check on the ends of a 4x width range and a 4x depth range, to fit the default suite.
 QUICK = dataclasses.replace(FULL, widths=(64, 256), depths=(2, 8))
 
@@ -40,7 +40,7 @@ def test_completep_is_stable_and_standard_grows_with_width(quick_results):
 
 
 @pytest.mark.slow
-def test_full_ladder_of_the_issue():
+def test_full_ladder():
     assert FULL.widths == (64, 128, 256, 512) and FULL.depths == (2, 4, 8, 16) and FULL.steps == 10
     _check(_results(FULL), FULL)
 

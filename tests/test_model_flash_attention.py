@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from celerity_jax.model import attention, flash_attention, flash_attention_gpu, positions
+from celerity_jax.model import attention, flash_attention, flash_attention_gpu, flash_common, positions
 
 KERNELS = {"tpu": flash_attention.flash_attention, "gpu": flash_attention_gpu.flash_attention_gpu}
 
@@ -115,8 +115,8 @@ def test_the_gpu_kernel_refuses_blocks_triton_cannot_tile():
 
 @pytest.mark.parametrize("block_q, block_k", [(32, 32), (64, 32), (32, 64)])
 def test_grids_hold_only_blocks_on_or_below_the_diagonal(block_q, block_k):
-    cfg = flash_attention.KernelConfig(scale=1.0, block_q=block_q, block_k=block_k, alibi=False, fused_heads=True,
-                                  interpret=True)
+    cfg = flash_common.KernelConfig(scale=1.0, block_q=block_q, block_k=block_k, alibi=False, fused_heads=True,
+                                    interpret=True)
     seq_len = 256
     visible = {(i // block_q, j // block_k) for i in range(seq_len) for j in range(i + 1)}
     for tables in (flash_attention._pairs_by_query(cfg, seq_len), flash_attention._pairs_by_key(cfg, seq_len)):
@@ -183,12 +183,11 @@ def test_the_train_step_with_flash_attention_compiles_to_pallas_kernels_for_a_tp
     from celerity_jax.recipe import make_plan
     from celerity_jax.sharding import make_mesh
     from celerity_jax.train import step as step_lib
-    from celerity_jax.train.loop import RunConfigs
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    configs = RunConfigs(**gin_config.parse_gin(
+    configs = gin_config.parse_gin(
         [os.path.join(root, "experiments/tiny/d48.gin"), os.path.join(root, "tests/configs/smoke.gin")],
-        ["ModelConfig.attention_impl = 'flash'", "ModelConfig.n_heads = 2", "ModelConfig.head_dim = 24"]))
+        ["ModelConfig.attention_impl = 'flash'", "ModelConfig.n_heads = 2", "ModelConfig.head_dim = 24"])
     run = apply_setting(configs, Setting((2, 1, 2), 1, "none", False), "tpu")
     plan = make_plan(run.model, run.recipe)
     build = step_lib.build_step(run.model, plan, run.monitor, make_mesh((2, 1, 2), devices=tpu_devices),

@@ -179,3 +179,23 @@ def test_the_chunked_loss_of_the_model_matches_its_whole_logits(overrides, monke
     assert float(aux_a["cross_entropy"]) == pytest.approx(float(aux_b["cross_entropy"]), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_mlp_activations_follow_their_formulas():
+    x = jnp.linspace(-4.0, 4.0, 81)
+    xs = np.asarray(x, np.float64)
+    exact = 0.5 * xs * (1 + np.vectorize(math.erf)(xs / math.sqrt(2)))  # x·Φ(x)
+    tanh = 0.5 * xs * (1 + np.tanh(math.sqrt(2 / math.pi) * (xs + 0.044715 * xs**3)))
+    np.testing.assert_allclose(transformer.ACTIVATIONS["gelu"](x), exact, atol=1e-6)
+    np.testing.assert_allclose(transformer.ACTIVATIONS["gelu_tanh"](x), tanh, atol=1e-6)
+    np.testing.assert_allclose(transformer.ACTIVATIONS["squared_relu"](x), np.maximum(xs, 0) ** 2, atol=1e-6)
+    assert np.abs(exact - tanh).max() > 1e-4  # the two are different functions, not one spelled twice
+
+
+def test_gelu_and_its_tanh_approximation_are_distinct_models():
+    params = transformer.init_params(_cfg(mlp="gelu"), jax.random.key(0))
+    tokens = _tokens(TINY)
+    exact = transformer.apply(_cfg(mlp="gelu"), params, tokens)
+    approx = transformer.apply(_cfg(mlp="gelu_tanh"), params, tokens)
+    assert not np.allclose(exact, approx, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(exact, approx, rtol=1e-2, atol=1e-3)

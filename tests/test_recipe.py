@@ -1,16 +1,18 @@
 import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
-from celerity_jax import recipe
+from celerity_jax import gin_config, recipe
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, params, presets
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
 
-# SCIENCE.md §7: params N, batch in sequences of 8192, tokens at 20 / 80 / 234 TPP.
+CELERITY_DIR = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "celerity"
+# docs/science.md §7: params N, batch in sequences of 8192, tokens at 20 / 80 / 234 TPP.
 CELERITY = {
     "celerity-300m": (2.71e8, 176, (5.4e9, 21.7e9, 63.4e9)),
     "celerity-500m": (5.03e8, 240, (10.1e9, 40.2e9, 117.8e9)),
@@ -169,5 +171,17 @@ def test_decay_that_would_flip_weights():
 
 
 def test_seq_len_longer_than_model_context():
-    with pytest.raises(ConfigError, match="max_seq_len"):
-        recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, seq_len=512))
+    at_max = dataclasses.replace(TINY_RECIPE, seq_len=TINY.max_seq_len)
+    assert recipe.make_plan(TINY, at_max).seq_len == TINY.max_seq_len
+    with pytest.raises(ConfigError, match=f"seq_len = {TINY.max_seq_len + 1} exceeds ModelConfig.max_seq_len"):
+        recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, seq_len=TINY.max_seq_len + 1))
+
+
+@pytest.mark.parametrize("preset", CELERITY)
+def test_celerity_gin_files_match_presets_and_paper(preset):
+    batch = CELERITY[preset][1]
+    size = preset.removeprefix("celerity-")
+    for tpp in (20, 80, 234):
+        configs = gin_config.parse_gin([str(CELERITY_DIR / f"{size}_{tpp}tpp.gin")])
+        assert configs.model == presets.preset(preset)
+        assert configs.recipe.tpp == tpp and configs.recipe.batch_seqs == batch

@@ -2,7 +2,6 @@ import signal
 import time
 
 import pytest
-from test_train_loop import _cli
 
 from celerity_jax.train import interrupts
 
@@ -15,9 +14,9 @@ def _wait_for(proc, ready, timeout=300):
 
 
 @pytest.mark.parametrize("moment", ["started", "locked", "planned"])
-def test_ctrl_c_during_startup_exits_cleanly_without_a_checkpoint(tmp_path, moment):
+def test_ctrl_c_during_startup_exits_cleanly_without_a_checkpoint(tmp_path, moment, celerity_train):
     workdir = tmp_path / "run"
-    proc = _cli(workdir)
+    proc = celerity_train(workdir)
     ready = {
         "started": lambda: time.sleep(1.0) or True,  # while JAX starts and the modules import
         "locked": lambda: (workdir / "run.lock").exists() and (workdir / "run.lock").read_text(),  # data, compile
@@ -33,9 +32,9 @@ def test_ctrl_c_during_startup_exits_cleanly_without_a_checkpoint(tmp_path, mome
         assert not (workdir / "checkpoints").exists() or not list((workdir / "checkpoints").iterdir())
 
 
-def test_a_second_ctrl_c_exits_at_once(tmp_path):
+def test_a_second_ctrl_c_exits_at_once(tmp_path, celerity_train):
     workdir = tmp_path / "run"
-    proc = _cli(workdir)
+    proc = celerity_train(workdir)
     _wait_for(proc, lambda: (workdir / "run.lock").exists() and (workdir / "run.lock").read_text())
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)

@@ -5,55 +5,28 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from celerity_jax import gin_config
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import transformer
 from celerity_jax.train import loop
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GIN = [os.path.join(ROOT, "experiments/tiny/d48.gin"), os.path.join(ROOT, "tests/configs/smoke.gin")]
 
-
-def _configs(*params):
-    return loop.RunConfigs(**gin_config.parse_gin(GIN, list(params)))
-
-
-def _losses(workdir):
-    with open(os.path.join(workdir, "curve.csv")) as f:
-        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
-
-
-# `celerity` with SIGINT as at a terminal, even where the tests run as a background job (which ignores it)
-_CELERITY = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "from celerity_jax.cli import main; sys.exit(main())")
-
-
-def _cli(workdir, *params, **popen):
-    cmd = [sys.executable, "-c", _CELERITY, "train", "--workdir", str(workdir)]
-    for g in GIN:
-        cmd += ["--gin_file", g]
-    for p in params:
-        cmd += ["--gin_param", p]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
-
-
-def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path):
+def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, tiny_configs, curve_losses):
     workdir = str(tmp_path / "run")
-    summary = loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, operative_config="# op\n", log=lambda _: None)
+    summary = loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, operative_config="# op\n",
+                         log=lambda _: None)
     assert summary["final_step"] == 20 and summary["stopped"] == "stop_at_step"
     names = set(os.listdir(workdir))
     assert {"config.gin", "plan.json", "run.json", "curve.csv", "checkpoints"} <= names
     assert any(n.startswith("events.out.tfevents") for n in names)
-    plan = json.load(open(os.path.join(workdir, "plan.json")))
-    losses = _losses(workdir)
+    with open(os.path.join(workdir, "plan.json")) as f:
+        plan = json.load(f)
+    losses = curve_losses(workdir)
     assert sorted(losses) == list(range(1, 21))
     with open(os.path.join(workdir, "curve.csv")) as f:
         row = list(csv.DictReader(f))[9]
@@ -72,20 +45,21 @@ def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path):
     assert "config/operative_gin" in events.Tags()["tensors"]
 
 
-def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path):
+def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path, tiny_configs):
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
     before = sorted(os.listdir(workdir))
     with pytest.raises(ConfigError, match="ModelConfig|model.d_model|different run"):
-        loop.train(_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4",
+        loop.train(tiny_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4",
                             "TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
     assert sorted(os.listdir(workdir)) == before
-    loop.train(_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4", "TrainConfig.stop_at_step = 5"),
+    loop.train(tiny_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4", "TrainConfig.stop_at_step = 5"),
                workdir, force_new=True, log=lambda _: None)
     archived = [n for n in os.listdir(workdir) if n.startswith("archived-")]
     assert len(archived) == 1
     assert sorted(os.listdir(os.path.join(workdir, archived[0]))) == [n for n in before if n != "run.lock"]
-    assert json.load(open(os.path.join(workdir, "run.json")))["model"]["d_model"] == 64
+    with open(os.path.join(workdir, "run.json")) as f:
+        assert json.load(f)["model"]["d_model"] == 64
 
 
 def _nan_when_first_target_even(monkeypatch):
@@ -100,14 +74,14 @@ def _nan_when_first_target_even(monkeypatch):
     monkeypatch.setattr(transformer, "next_token_loss", faulty)
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_configs):
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
     ckpt = os.path.join(workdir, "checkpoints")
     before = sorted(os.listdir(ckpt))
     _nan_when_first_target_even(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match=r"not finite at step 1\d") as err:
-        loop.train(_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_configs(), workdir, log=lambda _: None)
     assert "last good checkpoint (step 10) is untouched" in str(err.value)
     assert sorted(os.listdir(ckpt)) == before
 
@@ -123,20 +97,20 @@ def _always_nan(monkeypatch):
 
 
 @pytest.mark.slow  # 9 s
-def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch):
+def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch, tiny_configs):
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
     _always_nan(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match="since resuming from the checkpoint at step 10 .* may be "
                                                     "corrupt") as err:
-        loop.train(_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_configs(), workdir, log=lambda _: None)
     assert "Lower the LR" not in str(err.value)
 
 
-def test_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch):
+def test_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch, tiny_configs):
     _always_nan(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been saved") as err:
-        loop.train(_configs(), str(tmp_path / "run"), log=lambda _: None)
+        loop.train(tiny_configs(), str(tmp_path / "run"), log=lambda _: None)
     assert "None" not in str(err.value)
 
 
@@ -147,68 +121,68 @@ def _scalar_at(workdir, tag, step):
     return next(e.value for e in events.Scalars(tag) if e.step == step)
 
 
-def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monkeypatch):
+def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monkeypatch, tiny_configs, curve_losses):
     clean = str(tmp_path / "clean")
-    loop.train(_configs("TrainConfig.stop_at_step = 20"), clean, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), clean, log=lambda _: None)
     _nan_when_first_target_even(monkeypatch)
     workdir = str(tmp_path / "run")
-    summary = loop.train(_configs("TrainConfig.max_bad_steps = 1000", "TrainConfig.stop_at_step = 20"),
+    summary = loop.train(tiny_configs("TrainConfig.max_bad_steps = 1000", "TrainConfig.stop_at_step = 20"),
                          workdir, log=lambda _: None)
     assert summary["final_step"] == 20
-    losses = _losses(workdir)  # skipped steps have no row in curve.csv
+    losses = curve_losses(workdir)  # skipped steps have no row in curve.csv
     assert 0 < len(losses) < 20 and all(np.isfinite(v) and v < 6.0 for v in losses.values())
     assert summary["skipped_steps"] == 20 - len(losses)
     assert _scalar_at(workdir, "opt/lr", 20) == _scalar_at(clean, "opt/lr", 20)
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_losses(tmp_path):
+def test_resume_after_sigkill_reproduces_the_uninterrupted_losses(tmp_path, curve_losses, celerity_train):
     steps = ("TrainConfig.stop_at_step = 60", "TrainConfig.checkpoint_every = 10")
-    full = _cli(tmp_path / "full", *steps)
+    full = celerity_train(tmp_path / "full", *steps)
     assert full.wait(timeout=300) == 0, full.stdout.read()
     killed_dir = tmp_path / "killed"
-    killed = _cli(killed_dir, *steps)
+    killed = celerity_train(killed_dir, *steps)
     deadline = time.time() + 300
     while not (killed_dir / "checkpoints" / "20" / "commit_success.txt").exists():
         assert killed.poll() is None and time.time() < deadline, killed.stdout.read()
         time.sleep(0.02)
     killed.send_signal(signal.SIGKILL)
     assert killed.wait() == -signal.SIGKILL  # killed mid-run, not finished
-    resumed = _cli(killed_dir, *steps)
+    resumed = celerity_train(killed_dir, *steps)
     out = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, out
     resumed_at = int(re.search(r"resumed from the checkpoint at step (\d+)", out).group(1))
     assert 20 <= resumed_at < 60
-    expected, got = _losses(tmp_path / "full"), _losses(killed_dir)
+    expected, got = curve_losses(tmp_path / "full"), curve_losses(killed_dir)
     assert sorted(got) == list(range(1, 61))
     assert all(got[s] == expected[s] for s in range(resumed_at + 1, 61)), \
         [(s, got[s], expected[s]) for s in range(resumed_at + 1, 61)]
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, curve_losses, celerity_train):
     workdir = tmp_path / "run"
-    proc = _cli(workdir)
+    proc = celerity_train(workdir)
     deadline = time.time() + 300
-    while not (workdir / "curve.csv").exists() or len(_losses(workdir)) < 5:
+    while not (workdir / "curve.csv").exists() or len(curve_losses(workdir)) < 5:
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out
     assert "interrupted: saved a checkpoint" in out and "Traceback" not in out
-    step = max(_losses(workdir))
+    step = max(curve_losses(workdir))
     assert (workdir / "checkpoints" / str(step)).exists()
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path):
+def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path, tiny_configs):
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     latest = os.path.join(workdir, "checkpoints", "20", "state")
     for dirpath, _, files in os.walk(latest):
         for name in files:
             with open(os.path.join(dirpath, name), "r+b") as f:
                 f.truncate(0)
     messages = []
-    summary = loop.train(_configs("TrainConfig.stop_at_step = 15"), workdir, log=messages.append)
+    summary = loop.train(tiny_configs("TrainConfig.stop_at_step = 15"), workdir, log=messages.append)
     assert summary["start_step"] == 10 and summary["final_step"] == 15
     assert any("checkpoint at step 20 is unreadable" in m and "nothing deleted" in m for m in messages)
     moved = [n for n in os.listdir(workdir) if n.startswith("corrupt-checkpoint-20")]
@@ -216,16 +190,16 @@ def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path):
 
 
 @pytest.mark.slow  # 17 s
-def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
+def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path, tiny_configs, curve_losses):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from celerity_jax.collapse import loading, reference
+    from celerity_jax.collapse import files, reference
 
-    loop.train(_configs(), str(tmp_path / "ref_run"), log=lambda _: None)
-    ref = reference.reference_from_curves([loading.load_curve(str(tmp_path / "ref_run"))], n_bins=50, smooth_bins=3)
-    reference.save_reference(ref, str(tmp_path / "ref.json"))
+    loop.train(tiny_configs(), str(tmp_path / "ref_run"), log=lambda _: None)
+    ref = reference.reference_from_curves([files.load_curve(str(tmp_path / "ref_run"))], n_bins=50, smooth_bins=3)
+    files.save_reference(ref, str(tmp_path / "ref.json"))
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
+    loop.train(tiny_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
                workdir, log=lambda _: None)
     events = EventAccumulator(workdir)
     events.Reload()
@@ -234,7 +208,7 @@ def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
         assert tag in events.Tags()["scalars"], tag
     predictions = [e.value for e in events.Scalars("collapse/pred_final_loss") if e.value == e.value]
     assert len(predictions) >= 5  # NaN only before the alignment window has been seen
-    final = float(np.mean(list(_losses(workdir).values())[-5:]))
+    final = float(np.mean(list(curve_losses(workdir).values())[-5:]))
     assert abs(predictions[-1] / final - 1) < 0.05
 
 
@@ -244,9 +218,9 @@ def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path):
     (("ModelConfig.vocab_size = 200",), "vocab"),
     (("TrainConfig.microbatches = 3",), "microbatches"),
 ])
-def test_config_errors_stop_before_anything_is_written(tmp_path, params, match):
+def test_config_errors_stop_before_anything_is_written(tmp_path, params, match, tiny_configs):
     with pytest.raises(ConfigError, match=match):
-        loop.train(_configs(*params), str(tmp_path / "run"), log=lambda _: None)
+        loop.train(tiny_configs(*params), str(tmp_path / "run"), log=lambda _: None)
     assert not (tmp_path / "run").exists()
 
 
@@ -254,22 +228,22 @@ def test_config_errors_stop_before_anything_is_written(tmp_path, params, match):
     ("gs://bucket/run", ()),
     ("run", ('TrainConfig.init_from = "gs://bucket/other"',)),
 ])
-def test_url_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch, workdir, params):
+def test_url_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch, workdir, params, tiny_configs):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="URL.*mount"):
-        loop.train(_configs(*params), workdir, log=lambda _: None)
+        loop.train(tiny_configs(*params), workdir, log=lambda _: None)
     assert os.listdir(tmp_path) == []
 
 
-def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path):
+def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path, tiny_configs):
     workdir = str(tmp_path / "run")
-    loop.train(_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     for dirpath, _, files in os.walk(os.path.join(workdir, "checkpoints")):
         for name in files:
             if "state" in dirpath:
-                open(os.path.join(dirpath, name), "w").close()
+                os.truncate(os.path.join(dirpath, name), 0)
     before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
     with pytest.raises(ConfigError, match="none of the checkpoints .* could be restored"):
-        loop.train(_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_configs(), workdir, log=lambda _: None)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
     assert not [n for n in os.listdir(workdir) if n.startswith("corrupt-")]

@@ -1,76 +1,44 @@
+"""The run directory: identity, refusal of a different run, archiving, and the log file."""
+
 import json
 import logging
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
-from test_train_loop import _cli, _losses
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.train import rundir
+from celerity_jax.train import logfile, rundir
 
 
-def test_a_second_holder_is_refused_naming_the_first(tmp_path):
-    workdir = str(tmp_path / "run")
-    with rundir.locked(workdir):
-        holder = json.load(open(os.path.join(workdir, rundir.LOCK_FILE)))
-        assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-        with pytest.raises(ConfigError, match=f"in use by pid {os.getpid()} on host") as e:
-            rundir.acquire(workdir)
-        assert "\n" not in str(e.value)
-    with rundir.locked(workdir):  # released: free again
-        pass
+def _identity(d_model: int) -> dict:
+    return {"model": {"d_model": d_model, "n_heads": 3}, "plan": {"steps": 114}}
 
 
-def test_a_new_workdir_left_empty_is_removed_with_its_lock(tmp_path):
-    with rundir.locked(str(tmp_path / "run")):
-        assert (tmp_path / "run" / rundir.LOCK_FILE).exists()
-    assert not (tmp_path / "run").exists()
+def test_a_different_run_is_refused_naming_the_differences(tmp_path):
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps(_identity(48)))
+    assert rundir.check_workdir(str(tmp_path), _identity(48), force_new=False) is False
+    with pytest.raises(ConfigError, match=r"different run \(model.d_model: 48 -> 64\).*--force-new"):
+        rundir.check_workdir(str(tmp_path), _identity(64), force_new=False)
+    assert rundir.check_workdir(str(tmp_path), _identity(64), force_new=True) is True
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_a_stale_lock_on_this_host_is_taken_over_with_a_note(tmp_path):
-    (tmp_path / rundir.LOCK_FILE).write_text(json.dumps(
-        {"host": socket.gethostname(), "pid": _dead_pid(), "started": "yesterday", "command": "celerity train"}))
+def test_archiving_moves_the_run_and_keeps_the_lock_and_the_log(tmp_path):
+    for name in (rundir.RUN_JSON, rundir.CURVE_CSV, rundir.LOCK_FILE, rundir.LOG_FILE):
+        (tmp_path / name).write_text("x")
     notes = []
-    with rundir.locked(str(tmp_path), log=notes.append):
-        assert json.load(open(tmp_path / rundir.LOCK_FILE))["pid"] == os.getpid()
-    assert len(notes) == 1 and "no longer running" in notes[0]
+    rundir.archive_workdir(str(tmp_path), log=notes.append)
+    archived = [n for n in os.listdir(tmp_path) if n.startswith(rundir.ARCHIVE_PREFIX)]
+    assert len(archived) == 1 and "moved the previous run" in notes[0]
+    assert sorted(os.listdir(tmp_path / archived[0])) == sorted([rundir.RUN_JSON, rundir.CURVE_CSV])
+    assert sorted(os.listdir(tmp_path)) == sorted(archived + [rundir.LOCK_FILE, rundir.LOG_FILE])
 
 
-def test_a_reused_pid_is_stale(tmp_path):
-    (tmp_path / rundir.LOCK_FILE).write_text(json.dumps(
-        {"host": socket.gethostname(), "pid": os.getppid(), "process_start": "1", "started": "?"}))
-    with rundir.locked(str(tmp_path), log=lambda _: None):
-        pass
-
-
-def test_a_lock_of_another_host_is_refused_with_the_file_to_delete(tmp_path):
-    (tmp_path / rundir.LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": "?"}))
-    with pytest.raises(ConfigError, match=f"once it has ended, delete {tmp_path}/run.lock"):
-        rundir.acquire(str(tmp_path))
-
-
-@pytest.mark.parametrize("workdir, match", [
-    ("f", "is a file, not a folder"),
-    ("f/sub", "no folder can be made under it"),
-])
-def test_workdir_paths_that_cannot_be_folders_are_refused(tmp_path, workdir, match):
-    (tmp_path / "f").write_text("a file")
-    with pytest.raises(ConfigError, match=match):
-        rundir.acquire(str(tmp_path / workdir))
+def test_diff_names_every_changed_leaf():
+    assert rundir.diff({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 4}}) == ["a.c: 2 -> 3", "a.d: None -> 4"]
 
 
 def test_library_output_goes_to_the_log_file(tmp_path, capsys):
-    with rundir.library_output_to_log(str(tmp_path)) as path:
+    with logfile.library_output_to_log(str(tmp_path)) as path:
         logging.getLogger("absl").error("orbax noise")
 
         class Unraisable:
@@ -79,24 +47,6 @@ def test_library_output_goes_to_the_log_file(tmp_path, capsys):
 
         Unraisable()
     assert capsys.readouterr().err == ""
-    text = open(path).read()
+    with open(path) as f:
+        text = f.read()
     assert "orbax noise" in text and "Event loop is closed" in text
-
-
-def test_two_concurrent_trains_on_one_workdir(tmp_path):
-    workdir = tmp_path / "run"
-    steps = ("TrainConfig.stop_at_step = 60",)
-    first = _cli(workdir, *steps)
-    deadline = time.time() + 300
-    while not (workdir / rundir.LOCK_FILE).exists() or not (workdir / rundir.LOCK_FILE).read_text():
-        assert first.poll() is None and time.time() < deadline, first.stdout.read()
-        time.sleep(0.05)
-    second = _cli(workdir, *steps)
-    out = second.communicate(timeout=300)[0]
-    assert second.returncode == 2, out
-    assert f"is in use by pid {first.pid} on host {socket.gethostname()}" in out
-    assert len(out.strip().splitlines()) == 1 and "Traceback" not in out
-    assert first.wait(timeout=300) == 0, first.stdout.read()
-    assert sorted(_losses(workdir)) == list(range(1, 61))
-    with open(workdir / "curve.csv") as f:
-        assert len(f.readlines()) == 61  # header and one row per step: nothing duplicated

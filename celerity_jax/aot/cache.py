@@ -9,6 +9,8 @@ import jax
 from celerity_jax.accelerators import libtpu_version
 from celerity_jax.fileio import write_json_atomic
 
+DEFAULT_CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "celerity", "compile")
+
 
 class Cache:
     """One JSON file per compiled program, named by the program's text, the target devices and the compiler's

@@ -58,7 +58,7 @@ def fix_hint(microbatches: int, batch_seqs: int, data_shards: int, remat: str) -
     if remat != "full":
         hints.append(f"set ModelConfig.remat = '{'dots' if remat == 'none' else 'full'}'")
     hints.append("shard over more chips (TrainConfig.mesh_shape, a larger slice)")
-    return "; ".join(hints) + ". `celerity compile --gin_file ... --topology SLICE --search` finds settings that fit"
+    return "; ".join(hints) + ". `celerity compile --gin-file ... --topology SLICE --search` finds settings that fit"
 
 
 def compile_train_step(build, plan, train_cfg, model_cfg):

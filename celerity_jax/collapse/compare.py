@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax.collapse import curves, monitor
-from celerity_jax.collapse.loading import Curve
-from celerity_jax.collapse.reference import normalize_run
+from celerity_jax.collapse.config import CurveGrid, replay_config
+from celerity_jax.collapse.files import Curve
+from celerity_jax.collapse.reference import reference_on_grid
 
 QUALITY_RANGE = (0.2, 1.0)
 
@@ -33,18 +34,21 @@ class FamilyComparison:
 def compare_family(runs: list[Curve], n_bins: int = 1000, smooth_bins: int = 11, offset: float = 0.0,
                    references: Sequence[str] = (), window: tuple[float, float] = (0.25, 0.5),
                    force: bool = False) -> FamilyComparison:
-    """Normalizes finished runs on one grid and measures how well they collapse (t̂ in [0.2, 1])."""
-    cfg = monitor.MonitorConfig(n_bins=n_bins, smooth_bins=smooth_bins, offset=offset, align_window=window,
-                                min_align_span=min(0.05, window[1] - window[0]))
+    """Normalizes finished runs on one grid and measures how well they collapse (t̂ in [0.2, 1]).
+
+    With `references`, each run's alert onset is the monitor replayed with the default alert policy, aligned
+    over `window` (config.replay_config).
+    """
+    cfg = replay_config(CurveGrid(n_bins, smooth_bins, offset), window)
     frac_G = curves.bin_centers(n_bins)
-    normalized, finals = zip(*(normalize_run(run, n_bins, smooth_bins, offset) for run in runs))
+    normalized, finals = zip(*(curves.normalize_run(run, n_bins, smooth_bins, offset) for run in runs))
     normalized_KxG = np.stack(normalized)
     rows = [{"curve": r.source, **r.controls.to_dict(), "final_loss": f} for r, f in zip(runs, finals)]
     notes = []
     if references:
         baselines = []
         for run, row in zip(runs, rows):
-            ref_G, run_notes = monitor.monitor_reference(references, cfg, run.controls, run.source, force)
+            ref_G, run_notes = reference_on_grid(references, cfg, run.controls, run.source, force)
             notes += run_notes
             baselines.append(np.asarray(ref_G))
             logs = monitor.replay_monitor(run.frac_T, run.loss_T, ref_G, cfg, max(1, run.total_steps // n_bins))

@@ -2,15 +2,23 @@
 
 A curve lives on `n_bins` equal bins of t̂ = step/T as per-bin loss sums and step counts. Partial
 curves, runs shorter than the grid and the in-loop monitor's running state are then one object, and the
-offline tools and the jitted monitor share every function here (pure jnp, jit-able).
+offline tools and the jitted monitor share every function here (pure jnp, jit-able), except the two
+host-side ones: `normalize_run` (a finished run's normalized curve, with its input checks) and `loss_ema`
+(the bias-corrected loss EMA of the trainer's `train/loss_smooth` and of the raw-loss detector).
 """
 
 import functools
-from typing import NamedTuple
+import math
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from celerity_jax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from celerity_jax.collapse.files import Curve
 
 
 def bin_centers(n_bins: int) -> np.ndarray:
@@ -55,12 +63,20 @@ def normalize(loss: jax.Array, final: jax.Array, offset: float = 0.0) -> jax.Arr
     return (loss - offset) / (final - offset)
 
 
-@functools.partial(jax.jit, static_argnames="width")
-def normalized_curve(sum_G: jax.Array, count_G: jax.Array, width: int,
-                     offset: float = 0.0) -> jax.Array:
-    """A finished curve smoothed and divided by its own final (last-bin, smoothed) loss."""
-    mean_G, _ = smooth(sum_G, count_G, width)
-    return normalize(mean_G, mean_G[-1], offset)
+def normalize_run(run: "Curve", n_bins: int, smooth_bins: int, offset: float = 0.0) -> tuple[np.ndarray, float]:
+    """(normalized curve on the grid, final smoothed loss) of a finished run: binned, smoothed and divided
+    by its own final (last-bin, smoothed) loss; ConfigError for a partial run, a gap or a bad offset."""
+    if not run.finished:
+        raise ConfigError(f"{run.source}: the curve stops at step {int(run.step_T[-1])} of {run.total_steps}; "
+                          "this needs finished runs (`collapse predict` takes partial ones)")
+    if offset >= run.loss_T.min():
+        raise ConfigError(f"{run.source}: offset L0 = {offset} is not below the loss "
+                          f"(min {run.loss_T.min():.4g}); lower --offset")
+    mean_G, _ = smooth(*bin_curve(run.frac_T, run.loss_T, n_bins), smooth_bins)
+    if not bool(jnp.all(jnp.isfinite(mean_G))):
+        raise ConfigError(f"{run.source}: {len(run.step_T)} points leave gaps on a {n_bins}-bin grid "
+                          f"smoothed over {smooth_bins} bins; use fewer --bins or more --smooth-bins")
+    return np.asarray(normalize(mean_G, mean_G[-1], offset)), float(mean_G[-1])
 
 
 @jax.jit
@@ -120,6 +136,24 @@ def residuals(sum_G: jax.Array, count_G: jax.Array, ref_G: jax.Array, align: Ali
     return normalized_G - ref_G, sigma_G, normalized_G
 
 
+@jax.jit
+def family_curve(curves_KxG: jax.Array, n_params_K: jax.Array, n_target: float) -> jax.Array:
+    """The normalized curve at N = `n_target`, from K references (normalized curves) with their N.
+
+    Collapse is never perfect: normalized curves of a family drift slowly with N. This fits
+    log l(t̂) = a(t̂) + b(t̂)·log N at every t̂ (least squares across the references) and evaluates it at
+    `n_target`. Every reference is 1 at t̂ = 1, so the result is too. With references of a single size it
+    is their geometric mean, i.e. single-reference alignment.
+    """
+    x_K = jnp.log(jnp.asarray(n_params_K, jnp.float32))
+    y_KxG = jnp.log(jnp.asarray(curves_KxG, jnp.float32))
+    dx_K = x_K - jnp.mean(x_K)
+    var = jnp.sum(dx_K**2)
+    slope_G = jnp.where(var > 0, dx_K @ (y_KxG - jnp.mean(y_KxG, axis=0)) / jnp.where(var > 0, var, 1.0),
+                        0.0)
+    return jnp.exp(jnp.mean(y_KxG, axis=0) + slope_G * (jnp.log(n_target) - jnp.mean(x_K)))
+
+
 def _in_range(frac_G: jax.Array, lo: float, hi: float) -> jax.Array:
     return (frac_G >= lo) & (frac_G <= hi)
 
@@ -159,3 +193,21 @@ def supercollapse(curves_KxRxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
     sigma = jnp.sum(sigma_G * keep_G) / jnp.sum(keep_G)
     return {"delta": delta, "sigma": sigma, "ratio": delta / sigma,
             "frac_below": jnp.sum((delta_G < sigma_G) * keep_G) / jnp.sum(keep_G)}
+
+
+def loss_ema(loss_T, decay: float, carry: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, tuple[float, float]]:
+    """Bias-corrected exponential moving average of the finite losses: (ema_T, carry).
+
+    value ← decay·value + (1 − decay)·loss and weight ← decay·weight + (1 − decay) at each finite loss (a
+    non-finite one leaves both unchanged); ema = value/weight, NaN before the first finite loss. `carry` is
+    (value, weight): pass the returned one to continue over the next chunk of losses. Host-side float64 (a
+    Python loop), so that a chunk of any length costs no compile: the trainer calls it once per log interval.
+    """
+    value, weight = carry
+    ema_T = np.empty(len(loss_T))
+    for i, loss in enumerate(np.asarray(loss_T, np.float64).tolist()):
+        if math.isfinite(loss):
+            weight = decay * weight + (1 - decay)
+            value = decay * value + (1 - decay) * loss
+        ema_T[i] = value / weight if weight else math.nan
+    return ema_T, (value, weight)

@@ -1,12 +1,13 @@
 """A raw-loss anomaly detector: the usual practice that the collapse alert is measured against.
 
 It watches the training loss alone, with no reference curve: s_t is the bias-corrected EMA of the
-per-step loss (computed as the trainer's `train/loss_smooth`, with its own decay), and
+per-step loss (curves.loss_ema, the trainer's `train/loss_smooth`, with its own decay), and
 
     z_t = (s_t − mean(s_{t−W}, …, s_{t−1})) / std(s_{t−W}, …, s_{t−1})      (sample std, t ≥ W)
 
 is how far the smoothed loss sits above its own recent past. The alert holds at step t when z > k at
-each of the m steps up to t. One-sided: a loss falling faster than before is no alarm. Pure jnp, jit-able.
+each of the m steps up to t. One-sided: a loss falling faster than before is no alarm. The z-score and
+the alert are pure jnp (jit-able); the EMA is computed on the host.
 """
 
 import dataclasses
@@ -15,15 +16,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from celerity_jax.collapse import curves
 from celerity_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class ZScoreConfig:
     """Defaults chosen once, on synthetic noisy power-law curves with 3–5% per-step noise
-    (tests/test_collapse_detectors.py): no alarm on 80 clean ones; an alert 4–8 steps after a 10% jump
-    in 9 of 10, after a 15% jump in all. A smoother EMA (e.g. the trainer's 0.98) turns a jump into a
-    ramp that the window's own spread absorbs, so z rarely passes 3."""
+    (tests/test_collapse_detectors.py). A smoother EMA (e.g. the trainer's 0.98) turns a jump into a
+    ramp that the window's own spread absorbs, so that z seldom passes k."""
     ema_decay: float = 0.9    # s_t: an EMA over about 10 steps
     window: int = 50          # W, steps of the past the z-score compares with
     k: float = 3.0            # threshold on z
@@ -36,21 +37,6 @@ class ZScoreConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"ZScoreConfig: {message} (got {self})")
-
-
-@functools.partial(jax.jit, static_argnames="decay")
-def loss_ema(loss_T: jax.Array, decay: float) -> jax.Array:
-    """Bias-corrected EMA of the finite losses (a non-finite one leaves it unchanged); NaN before the first."""
-    def step(carry, loss):
-        value, weight = carry
-        ok = jnp.isfinite(loss)
-        value = jnp.where(ok, decay * value + (1 - decay) * jnp.where(ok, loss, 0.0), value)
-        weight = jnp.where(ok, decay * weight + (1 - decay), weight)
-        return (value, weight), jnp.where(weight > 0, value / jnp.where(weight > 0, weight, 1.0), jnp.nan)
-
-    zero = jnp.zeros([], jnp.float32)
-    _, smooth_T = jax.lax.scan(step, (zero, zero), jnp.asarray(loss_T, jnp.float32))
-    return smooth_T
 
 
 @functools.partial(jax.jit, static_argnames="window")
@@ -75,7 +61,7 @@ def sustained(exceed_T: jax.Array, m: int) -> jax.Array:
 
 def zscore_detector(loss_T: jax.Array, cfg: ZScoreConfig) -> dict[str, jax.Array]:
     """Per step: the smoothed loss, its z-score and the alert (bool)."""
-    smooth_T = loss_ema(loss_T, cfg.ema_decay)
+    smooth_T = jnp.asarray(curves.loss_ema(loss_T, cfg.ema_decay)[0], jnp.float32)
     z_T = rolling_zscore(smooth_T, cfg.window)
     return {"smooth": smooth_T, "z": z_T, "alert": sustained(z_T > cfg.k, cfg.m)}
 

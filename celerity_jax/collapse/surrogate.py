@@ -1,4 +1,5 @@
-"""The paper's surrogate of the normalized curve (SCIENCE.md §5) and its alternating grid-search fit.
+"""The paper's surrogate of the normalized curve (docs/science.md §5), its alternating grid-search fit, and
+the finished runs prepared for it (`surrogate_inputs`). Its JSON file is read and written by files.py.
 
 l̂(t̂) = ((1+ε1)/(t̂+ε1))^m + b·(η(t̂)+ε2)^q, divided by its value at t̂ = 1; η is the schedule with
 peak 1; ε1 = 0.001, ε2 = 0.1, m = 0.05 fixed; b = b_c·τ^b_e, q = q_c·TPP^q_e. The four constants are
@@ -8,21 +9,19 @@ fitted by mean absolute error over t̂ ∈ [0.2, 1]: a grid over (b_c, b_e) with
 
 import dataclasses
 import functools
-import importlib.resources
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from celerity_jax import schedules
-from celerity_jax.collapse.loading import read_json
+from celerity_jax.collapse import curves
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import write_json_atomic
 
-FORMAT = "celerity-collapse-surrogate/1"
-# `--surrogate default` names the constants shipped with the package (fitted by experiments/surrogate/).
-DEFAULT = "default"
-DEFAULT_FILE = "default_surrogate.json"
+if TYPE_CHECKING:
+    from celerity_jax.collapse.files import Curve
+
 EPS1 = 0.001
 EPS2 = 0.1
 M = 0.05
@@ -141,46 +140,42 @@ def sample_curve(key: jax.Array, steps: int, b: float, q: float, final_loss: flo
     return frac_T, clean_T * (1.0 + noise * jax.random.normal(key, (steps,)))
 
 
-def save_surrogate(fit: SurrogateFit, curve_info: list[dict], fit_range: tuple[float, float],
-                   provenance: dict, path: str) -> None:
-    """Writes the fitted constants, the MAE per curve (with `curve_info`) and overall."""
-    write_json_atomic(path, {
-        "format": FORMAT, "constants": dataclasses.asdict(fit.constants),
-        "fixed": {"eps1": EPS1, "eps2": EPS2, "m": M}, "fit_range": list(fit_range), "mae": fit.mae,
-        "curves": [dict(info, mae=float(m)) for info, m in zip(curve_info, fit.mae_C)],
-        "provenance": provenance})
+@dataclasses.dataclass(frozen=True)
+class SurrogateInputs:
+    """Finished runs prepared for the surrogate: normalized curves and schedules on one t̂ grid."""
+    curves_CxG: np.ndarray
+    frac_G: np.ndarray
+    eta_CxG: np.ndarray
+    eta_end_C: np.ndarray
+    tau_C: np.ndarray
+    tpp_C: np.ndarray
+    info: list[dict]   # per curve: its source and controls
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The positional arguments of fit_surrogate (after the constants, of mae_per_curve)."""
+        return self.curves_CxG, self.frac_G, self.eta_CxG, self.eta_end_C, self.tau_C, self.tpp_C
+
+    def take(self, index) -> "SurrogateInputs":
+        """The curves at `index` (an index array or boolean mask)."""
+        index = np.arange(len(self.info))[index]
+        return SurrogateInputs(self.curves_CxG[index], self.frac_G, self.eta_CxG[index], self.eta_end_C[index],
+                               self.tau_C[index], self.tpp_C[index], [self.info[i] for i in index])
 
 
-def load_surrogate(path: str) -> SurrogateConstants:
-    data = read_json(path, FORMAT, "celerity collapse fit")
-    try:
-        return SurrogateConstants(**{k: float(data["constants"][k]) for k in ("b_c", "b_e", "q_c", "q_e")})
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: malformed surrogate constants ({e!r}); refit it") from e
-
-
-def fit_range_notes(path: str, tau: float, tpp: float) -> list[str]:
-    """Notes when τ or TPP lie outside the values of the curves the surrogate in `path` was fitted on."""
-    fitted = read_json(path, FORMAT, "celerity collapse fit").get("curves", [])
-    notes = []
-    for name, value in (("tau", tau), ("tpp", tpp)):
-        values = [c[name] for c in fitted if isinstance(c, dict) and isinstance(c.get(name), int | float)]
-        if values and not min(values) <= value <= max(values):
-            notes.append(f"{name} = {value:g} is outside the fitted runs' range [{min(values):g}, {max(values):g}] "
-                         f"of {path}; the surrogate extrapolates")
-    return notes
-
-
-def default_surrogate_path() -> str:
-    """The surrogate file shipped with the package (see its "provenance")."""
-    return str(importlib.resources.files("celerity_jax.collapse") / DEFAULT_FILE)
-
-
-def surrogate_path(name: str) -> str:
-    """`default` → the shipped file; anything else is a path."""
-    return default_surrogate_path() if name == DEFAULT else name
-
-
-def default_surrogate() -> SurrogateConstants:
-    """The shipped constants, fitted to the project's tiny runs (not to LLM-scale runs)."""
-    return load_surrogate(default_surrogate_path())
+def surrogate_inputs(runs: list["Curve"], n_bins: int, smooth_bins: int) -> SurrogateInputs:
+    """Normalizes finished runs and evaluates their schedules on the grid; ConfigError if a control is missing."""
+    frac_G = curves.bin_centers(n_bins)
+    curves_C, eta_C, eta_end_C = [], [], []
+    for run in runs:
+        c = run.controls
+        missing = [n for n in ("tau", "tpp", "schedule") if getattr(c, n) is None]
+        if missing:
+            raise ConfigError(f"{run.source}: the surrogate needs the controls {missing}; add them to the "
+                              "sidecar JSON or use a run directory")
+        curves_C.append(curves.normalize_run(run, n_bins, smooth_bins)[0])
+        eta_G, eta_end = schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0)
+        eta_C.append(np.asarray(eta_G))
+        eta_end_C.append(float(eta_end))
+    return SurrogateInputs(np.stack(curves_C), np.asarray(frac_G), np.stack(eta_C), np.array(eta_end_C),
+                           np.array([r.controls.tau for r in runs]), np.array([r.controls.tpp for r in runs]),
+                           [{"curve": r.source, **r.controls.to_dict()} for r in runs])

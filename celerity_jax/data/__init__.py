@@ -1,8 +1,7 @@
-"""Token streams for training and evaluation: built-in stdlib corpus, user text, ArrayRecord shards."""
+"""Token streams for training and evaluation: built-in stdlib corpus, user text, ArrayRecord shards.
 
-from celerity_jax.data.config import DataConfig
-from celerity_jax.data.pipeline import (TrainIterator, check_seq_len, check_vocab, corpus_stats,
-                                        make_eval_batches, make_train_iterator, tokenizer_vocab_size)
-
-__all__ = ["DataConfig", "TrainIterator", "check_seq_len", "check_vocab", "corpus_stats", "make_eval_batches",
-           "make_train_iterator", "tokenizer_vocab_size"]
+Modules: `config` (DataConfig), `tokenizer` (bytes, HuggingFace tokenizer.json, SentencePiece), `corpus`
+(reading and packing documents into one token stream per split), `arrayrecord` (pre-tokenized shards,
+written by `celerity prepare-data`, the command in `celerity_jax/cli/data.py`) and `pipeline` (the grain
+train iterator and held-out eval batches the trainer uses).
+"""

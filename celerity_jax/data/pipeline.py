@@ -68,15 +68,6 @@ def check_vocab(tokenizer_vocab: int, model_vocab: int) -> None:
                           "smaller tokenizer (DataConfig.tokenizer)")
 
 
-def check_seq_len(seq_len: int, max_seq_len: int) -> None:
-    """ConfigError unless 1 <= seq_len <= the model's maximum."""
-    if seq_len < 1:
-        raise ConfigError(f"the sequence length {seq_len} must be at least 1 (RecipeConfig.seq_len)")
-    if seq_len > max_seq_len:
-        raise ConfigError(f"the sequence length {seq_len} (RecipeConfig.seq_len) exceeds ModelConfig.max_seq_len="
-                          f"{max_seq_len}; lower seq_len or raise max_seq_len")
-
-
 def _check_layout(seq_len: int, batch_seqs: int, process_index: int, process_count: int) -> None:
     if seq_len < 1 or batch_seqs < 1:
         raise ConfigError(f"seq_len={seq_len} and batch_seqs={batch_seqs} must be positive")

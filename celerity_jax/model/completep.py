@@ -1,4 +1,4 @@
-"""The single home of the µP / CompleteP rules (SCIENCE.md §4; Dey et al. 2025, arXiv 2505.01618).
+"""The single home of the µP / CompleteP rules (docs/science.md §4; Dey et al. 2025, arXiv 2505.01618).
 
 m_d = d_model / d_base and m_L = n_layers / n_layers_base; α = depth_alpha (1 is CompleteP).
 `standard` uses m_d = m_L = 1 and 1/sqrt(head_dim) scores; `mup` uses m_L = 1; `completep` uses both.

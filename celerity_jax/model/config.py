@@ -6,7 +6,7 @@ from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("squared_relu", "swiglu", "gelu")
+MLPS = ("squared_relu", "swiglu", "gelu", "gelu_tanh")
 POSITIONS = ("alibi", "rope", "learned")
 PARAMETRIZATIONS = ("completep", "mup", "standard")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
@@ -22,6 +22,10 @@ class ModelConfig:
     d_base, n_layers_base, sigma_base, alpha_input, alpha_output describe the tuned base model
     (the µP proxy of the paper's section 3: width 256, 24 layers, σ 8.67e-2, α_in 9.17, α_out 1.095).
     That Celerity used this same base shape is our inference.
+
+    mlp: "squared_relu" (Celerity's, relu(x)²), "swiglu" (silu(gate)·up, the section-3 family), "gelu" (exact
+    GELU x·Φ(x), as PyTorch's nn.GELU() and the CompleteP reference code) or "gelu_tanh" (GELU's tanh
+    approximation, jax.nn.gelu's default and GPT-2's). See docs/science.md §4.
     """
 
     n_layers: int = 13

@@ -22,7 +22,6 @@ TPU, block_q must also be a multiple of 128 or equal L (the logsumexp is stored 
 and block_k a multiple of 8; interpret mode accepts any divisor of L.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -32,7 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-MASKED = -1e30  # a finite "minus infinity": exp(MASKED − max) is exactly 0 in float32
+from celerity_jax.model.flash_common import MASKED, KernelConfig, block_size, checked_slopes, out_like
+
 _LANES = 128
 _NT = (((1,), (1,)), ((), ()))  # dot_general dimension numbers for x·yᵀ
 
@@ -50,43 +50,9 @@ def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slop
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     default = 128 if seq_len % 128 == 0 else seq_len
     cfg = KernelConfig(scale=float(scale), block_q=block_size("block_q", block_q or default, seq_len),
-                  block_k=block_size("block_k", block_k or default, seq_len), alibi=alibi_slopes_H is not None,
-                  fused_heads=n_heads == 1 or head_dim % _LANES == 0, interpret=interpret)
+                       block_k=block_size("block_k", block_k or default, seq_len), alibi=alibi_slopes_H is not None,
+                       fused_heads=n_heads == 1 or head_dim % _LANES == 0, interpret=interpret)
     return _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H)
-
-
-def checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H) -> jax.Array:
-    """The slopes as float32 [H] (zeros, read by no kernel, without ALiBi), after checking that q, k, v share one
-    [B, L, H, K] shape and that there is one slope per head."""
-    if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
-        raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
-                         f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
-    n_heads = q_BxLxHxK.shape[2]
-    if alibi_slopes_H is None:
-        return jnp.zeros((n_heads,), jnp.float32)
-    slopes_H = jnp.asarray(alibi_slopes_H, jnp.float32)
-    if slopes_H.shape != (n_heads,):
-        raise ValueError(f"alibi_slopes_H has shape {slopes_H.shape}; expected ({n_heads},), one per head")
-    return slopes_H
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """The static settings of one attention call (shared with the GPU kernels, which ignore fused_heads)."""
-    scale: float
-    block_q: int
-    block_k: int
-    alibi: bool
-    interpret: bool
-    fused_heads: bool = False  # TPU kernels read [B, L, H·K] (else [B, H, L, K])
-
-
-def block_size(name: str, block: int, seq_len: int) -> int:
-    block = min(block, seq_len)
-    if block <= 0 or seq_len % block:
-        raise ValueError(f"{name}={block} does not divide the sequence length {seq_len}; pass a {name} that "
-                         f"divides it (e.g. a power of two dividing {seq_len}), or pad the sequence")
-    return block
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -187,11 +153,6 @@ def _cost(cfg, shape, tables, itemsize: int, matmuls: int, streamed_rows: int, w
     return pl.CostEstimate(flops=steps * matmuls * 2 * block_elems * head_dim, transcendentals=steps * block_elems,
                            bytes_accessed=itemsize * head_dim * (steps * streamed_rows
                                                                  + batch * n_heads * whole_arrays * seq_len))
-
-
-def out_like(x, dtype, shape=None):
-    """An output spec varying over the same shard_map axes as x (which check_vma asks of outputs)."""
-    return jax.ShapeDtypeStruct(x.shape if shape is None else shape, dtype, manual_axis_type=jax.typeof(x).mat)
 
 
 def _grid_step(cfg, q_tab, k_tab, slopes_ref):

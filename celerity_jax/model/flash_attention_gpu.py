@@ -19,7 +19,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from celerity_jax.model.flash_attention import MASKED, KernelConfig, block_size, checked_slopes, out_like
+from celerity_jax.model.flash_common import MASKED, KernelConfig, block_size, checked_slopes, out_like
 
 
 def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,

@@ -7,7 +7,7 @@ from celerity_jax.model.config import ModelConfig
 
 
 def _celerity(d_model: int, n_heads: int, head_dim: int, n_layers: int) -> ModelConfig:
-    # Every other field keeps the ModelConfig default, which is Celerity's (SCIENCE.md §7).
+    # Every other field keeps the ModelConfig default, which is Celerity's (docs/science.md §7).
     return ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads, head_dim=head_dim)
 
 

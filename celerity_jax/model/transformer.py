@@ -93,6 +93,15 @@ def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, a
     return sharding.map_over_batch_and_heads(on_this_platform, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head)
 
 
+# The activation of each ungated ModelConfig.mlp (see its docstring; "swiglu" gates instead). "gelu" is the exact
+# x·Φ(x), as PyTorch's default nn.GELU; "gelu_tanh" is the tanh approximation (jax.nn.gelu's default).
+ACTIVATIONS = {
+    "squared_relu": lambda h: jnp.square(jax.nn.relu(h)),
+    "gelu": lambda h: jax.nn.gelu(h, approximate=False),
+    "gelu_tanh": lambda h: jax.nn.gelu(h, approximate=True),
+}
+
+
 class Mlp(nn.Module):
     cfg: ModelConfig
 
@@ -100,12 +109,10 @@ class Mlp(nn.Module):
     def __call__(self, x_BxLxD):
         cfg = self.cfg
         h_BxLxF = _dense(cfg, cfg.d_ff, "up")(x_BxLxD)
-        if cfg.mlp == "squared_relu":
-            h_BxLxF = jnp.square(jax.nn.relu(h_BxLxF))
-        elif cfg.mlp == "gelu":
-            h_BxLxF = jax.nn.gelu(h_BxLxF)
-        else:  # swiglu
+        if cfg.mlp == "swiglu":
             h_BxLxF = jax.nn.silu(_dense(cfg, cfg.d_ff, "gate")(x_BxLxD)) * h_BxLxF
+        else:
+            h_BxLxF = ACTIVATIONS[cfg.mlp](h_BxLxF)
         return _dense(cfg, x_BxLxD.shape[-1], "down")(h_BxLxF)
 
 

@@ -255,7 +255,7 @@ class Checkpointer:
             raise ConfigError(
                 f"none of the checkpoints in {self.directory} could be restored (step {failed[0][0]}: "
                 f"{failed[0][1]}); nothing was moved or deleted. If the run's settings changed since they "
-                "were written, restore them; to start over, pass --force_new (the old run is archived)")
+                "were written, restore them; to start over, pass --force-new (the old run is archived)")
         return None
 
     def _move_aside(self, failed: list[tuple[int, str]], log) -> None:

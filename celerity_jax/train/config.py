@@ -1,12 +1,17 @@
-"""TrainConfig: how a run is executed (mesh, precision, logging, checkpoints, faults).
+"""TrainConfig: how a run is executed (mesh, precision, logging, checkpoints, faults); RunConfigs: all five
+configs of a run.
 
 What is trained (model, recipe, data, monitor) lives in those modules' own configs.
 """
 
 import dataclasses
 
+from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.config_types import check_field_types
+from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
+from celerity_jax.model.config import ModelConfig
+from celerity_jax.recipe import RecipeConfig
 from celerity_jax.sharding import MESH_AXES
 
 
@@ -55,3 +60,13 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfigs:
+    """The five configs of one run, as `gin_config.parse_gin` builds them."""
+    model: ModelConfig
+    recipe: RecipeConfig
+    data: DataConfig
+    train: TrainConfig
+    monitor: MonitorConfig

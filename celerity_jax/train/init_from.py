@@ -30,9 +30,7 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.model import transformer
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.train import checkpoint
-
-RECORD = "init_from.json"
+from celerity_jax.train import checkpoint, rundir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +46,8 @@ class Source:
 def open_source(path: str) -> Source:
     """Finds the checkpoint that `path` names and reads the source's run.json and data position."""
     path = os.path.abspath(path)
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        run_dir, checkpoints_dir = path, os.path.join(path, "checkpoints")
+    if os.path.isdir(os.path.join(path, rundir.CHECKPOINTS)):
+        run_dir, checkpoints_dir = path, os.path.join(path, rundir.CHECKPOINTS)
         steps = checkpoint.checkpoint_steps(checkpoints_dir)
         if not steps:
             raise ConfigError(f"TrainConfig.init_from = {path!r}: {checkpoints_dir} holds no checkpoint; "
@@ -61,7 +59,7 @@ def open_source(path: str) -> Source:
     else:
         raise ConfigError(f"TrainConfig.init_from = {path!r} is neither a run directory with checkpoints/ nor "
                           "a checkpoint directory <run>/checkpoints/<step>; give one of those")
-    run_json = os.path.join(run_dir, "run.json")
+    run_json = rundir.run_json_path(run_dir)
     try:
         with open(run_json) as f:
             identity = json.load(f)
@@ -119,11 +117,11 @@ def restore_state(source: Source, like_state):
 
 def start_run_dir(source: Source, workdir: str, differences: list[str], total_steps: int) -> None:
     """Writes init_from.json and, unless the workdir has one, curve.csv with the source's rows up to the step."""
-    write_json_atomic(os.path.join(workdir, RECORD), {
+    write_json_atomic(os.path.join(workdir, rundir.INIT_FROM_JSON), {
         "source": source.run_dir, "checkpoint": os.path.join(source.checkpoints_dir, str(source.step)),
         "step": source.step, "frac": source.step / total_steps, "differences": differences,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    src, dst = os.path.join(source.run_dir, "curve.csv"), os.path.join(workdir, "curve.csv")
+    src, dst = os.path.join(source.run_dir, rundir.CURVE_CSV), os.path.join(workdir, rundir.CURVE_CSV)
     if os.path.exists(dst) or not os.path.exists(src):
         return
     with open(src, newline="") as f:
@@ -143,6 +141,6 @@ def describe(source: Source, differences: list[str], total_steps: int) -> str:
         lines += [f"    {d}" for d in differences]
     else:
         lines.append("INIT_FROM: this run's config equals the source's")
-    if not os.path.exists(os.path.join(source.run_dir, "curve.csv")):
+    if not os.path.exists(os.path.join(source.run_dir, rundir.CURVE_CSV)):
         lines.append(f"INIT_FROM: the source has no curve.csv; this run's curve.csv starts at step {source.step + 1}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Anomaly detection (issue 7): does the collapse residual see a bad restart before the raw loss does?
+"""Anomaly detection: does the collapse residual see a bad restart before the raw loss does?
 
 The paper's diagnostic at tiny scale. The tiny family (experiments/tiny d48/d64/d80) is trained under
 the tau recipe at the quick budget (experiments/demo/tau.gin + quick.gin), 5 seeds per size. One run
@@ -16,8 +16,9 @@ give their onset t̂ (first alert) on the faulted runs, and their false alarms o
     .venv/bin/python experiments/anomaly/run.py [--workdir runs/anomaly] [--out experiments/anomaly]
 
 Reads the tiny/demo gin files as they are now, so a retuned family is rerun with the same command.
-Rerunning skips finished runs and resumes unfinished ones; results.md, results.json and anomaly.png go
-to --out.
+Rerunning skips finished runs and resumes unfinished ones (a run directory of another config, after the
+family's gin files changed, is refused); results.md, results.json and anomaly.png go to --out, with the
+training time of every run (each run directory's timing.json).
 """
 
 import argparse
@@ -32,10 +33,10 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from celerity_jax import gin_config, recipe  # noqa: E402
-from celerity_jax.collapse import detectors, loading, monitor, reference  # noqa: E402
+from celerity_jax import gin_config, markdown, recipe, run  # noqa: E402
+from celerity_jax.collapse import detectors, files, monitor, reference  # noqa: E402
 from celerity_jax.fileio import write_json_atomic, write_text_atomic  # noqa: E402
-from celerity_jax.train import checkpoint, loop, rundir  # noqa: E402
+from celerity_jax.train.config import RunConfigs  # noqa: E402
 
 SIZES = ("d48", "d64", "d80")
 SEEDS = (0, 1, 2, 3, 4)
@@ -51,8 +52,8 @@ def gin_files(size: str) -> list[str]:
             os.path.join(exp, "demo", "quick.gin"), os.path.join(exp, "anomaly", "anomaly.gin")]
 
 
-def parse(size: str, params=()) -> loop.RunConfigs:
-    return loop.RunConfigs(**gin_config.parse_gin(gin_files(size), list(params)))
+def parse(size: str, params=()) -> RunConfigs:
+    return gin_config.parse_gin(gin_files(size), list(params))
 
 
 def clean_dir(workdir: str, size: str, seed: int) -> str:
@@ -67,34 +68,19 @@ def fault_dir(workdir: str, fault_size: str, factor: float) -> str:
     return os.path.join(workdir, "fault", f"{fault_size}_seed{FAULT_SEED}_{fault_name(factor)}")
 
 
-def train_until(size: str, params: list[str], run_dir: str, until: int, total: int, workdir: str) -> None:
-    """Trains (or resumes) a run up to step `until`, unless a checkpoint there says it is done; adds the
-    time taken to <workdir>/timings.json. A run directory of another config (the family's gin files
-    changed) is refused, also when it is done."""
-    stop = [] if until == total else [f"TrainConfig.stop_at_step = {until}"]
-    configs = parse(size, params + stop)
-    rundir.check_workdir(run_dir, loop.run_identity(configs, recipe.make_plan(configs.model, configs.recipe)), False)
-    if until in checkpoint.checkpoint_steps(os.path.join(run_dir, "checkpoints")):
-        return
+def train(runs: dict, size: str, params: list[str], run_dir: str, workdir: str, until: int | None = None) -> None:
+    """Trains (or resumes) a run up to step `until` (default: its end) unless it is there already; keeps
+    the run in `runs` by its name (its directory relative to `workdir`)."""
     name = os.path.relpath(run_dir, workdir)
-    print(f"\n== {name} (to step {until} of {total})", flush=True)
-    start = time.time()
-    loop.train(configs, run_dir, operative_config=gin_config.operative_config_str())
-    timings = read_timings(workdir)
-    timings[name] = timings.get(name, 0.0) + time.time() - start
-    write_json_atomic(os.path.join(workdir, "timings.json"), timings)
-
-
-def read_timings(workdir: str) -> dict:
-    path = os.path.join(workdir, "timings.json")
-    return json.load(open(path)) if os.path.exists(path) else {}
+    runs[name] = run.load(run.RunSpec(run_dir, tuple(gin_files(size)), tuple(params), name=name))
+    runs[name].train_to(until)
 
 
 def build_reference(run_dirs: list[str], path: str, monitor_cfg) -> str:
-    curves = [loading.load_curve(d) for d in run_dirs]
+    curves = [files.load_curve(d) for d in run_dirs]
     ref = reference.reference_from_curves(curves, monitor_cfg.n_bins, monitor_cfg.smooth_bins)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    reference.save_reference(ref, path)
+    files.save_reference(ref, path)
     return path
 
 
@@ -118,8 +104,8 @@ def first_frac(flags, frac) -> float | None:
 
 def analyse(run_dir: str, ref_paths: list[str], monitor_cfg, log_every: int, force: bool) -> dict:
     """Collapse alert (replayed on curve.csv) and raw z-score detector of one run."""
-    curve = loading.load_curve(run_dir)
-    ref_G, notes = monitor.monitor_reference(ref_paths, monitor_cfg, curve.controls, run_dir, force=force)
+    curve = files.load_curve(run_dir)
+    ref_G, notes = reference.reference_on_grid(ref_paths, monitor_cfg, curve.controls, run_dir, force=force)
     logs = {k: np.asarray(v) for k, v in
             monitor.replay_monitor(curve.frac_T, curve.loss_T, ref_G, monitor_cfg, log_every).items()}
     alert_L = logs["collapse/alert"] > 0
@@ -221,15 +207,14 @@ def write_results(out: str, summary: dict, faults: dict, clean_rows: list[dict])
         f"{c['monitor']['smooth_bins']}, alert_k {c['monitor']['alert_k']:g}, alert_m {c['monitor']['alert_m']}, "
         f"align_window {tuple(c['monitor']['align_window'])}), logged every {c['log_every']} steps. Raw detector: "
         f"EMA decay {ZSCORE.ema_decay:g}, W = {ZSCORE.window} steps, k = {ZSCORE.k:g}, m = {ZSCORE.m} steps.", "",
-        "## Faulted runs (onset t̂ = first alert)", "",
-        "| fault | λ | final loss (clean: {:.4f}) | collapse alert, in-loop | collapse alert, replay | "
-        "collapse alert, other-size ref | raw z-score | in-loop vs replay |".format(summary["clean_fault_seed_final"]),
-        "|---|---|---|---|---|---|---|---|"]
-    for name, r in faults.items():
-        agree = f"{r['alert_agreement']}/{r['logs_compared']} logs agree, max Δr {fmt(r['max_residual_diff'], '.1e')}"
-        lines.append(f"| {name} | {r['weight_decay']:.4g} | {r['final_loss']:.4f} | {fmt(r['collapse_onset_in_loop'])} | "
-                     f"{fmt(r['collapse_onset'])} | {fmt(r['size_ref'].get('collapse_onset'))} | {fmt(r['raw_onset'])} | "
-                     f"{agree} |")
+        "## Faulted runs (onset t̂ = first alert)", ""]
+    lines += markdown.table(
+        ["fault", "λ", f"final loss (clean: {summary['clean_fault_seed_final']:.4f})", "collapse alert, in-loop",
+         "collapse alert, replay", "collapse alert, other-size ref", "raw z-score", "in-loop vs replay"],
+        ([name, f"{r['weight_decay']:.4g}", f"{r['final_loss']:.4f}", fmt(r["collapse_onset_in_loop"]),
+          fmt(r["collapse_onset"]), fmt(r["size_ref"].get("collapse_onset")), fmt(r["raw_onset"]),
+          f"{r['alert_agreement']}/{r['logs_compared']} logs agree, max Δr {fmt(r['max_residual_diff'], '.1e')}"]
+         for name, r in faults.items()))
     notes = sorted({n for r in faults.values() for n in r["reference_notes"]})
     lines += ["", f"Injection at t̂ = {c['inject_frac_actual']:.3f}. 'none' = no alert before the end. Final loss: "
               "mean of the last 20 steps. The monitor's start-up check refused the reference for the faulted runs "
@@ -237,13 +222,13 @@ def write_results(out: str, summary: dict, faults: dict, clean_rows: list[dict])
               "curve-based alert could be measured:", ""] + [f"- {n}" for n in notes] + ["",
               "## Clean runs (false alarms)", "",
               "Collapse alert against the same size's other seeds (leave-one-seed-out) and against the other "
-              "sizes (all seeds, family-aware curve at the run's N); raw detector on the run's own loss.", "",
-              "| size | seed | collapse alert onset (LOSO) | alert logs | max abs(r)/σ | onset, other-size ref | "
-              "raw onset | raw alert steps | max z |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in clean_rows:
-        lines.append(f"| {r['size']} | {r['seed']} | {fmt(r['collapse_onset'])} | {r['collapse_alert_logs']} | "
-                     f"{r['max_abs_residual_over_sigma']:.2f} | {fmt(r['size_ref'].get('collapse_onset'))} | "
-                     f"{fmt(r['raw_onset'])} | {r['raw_alert_steps']} | {r['max_z']:.2f} |")
+              "sizes (all seeds, family-aware curve at the run's N); raw detector on the run's own loss.", ""]
+    lines += markdown.table(
+        ["size", "seed", "collapse alert onset (LOSO)", "alert logs", "max abs(r)/σ", "onset, other-size ref",
+         "raw onset", "raw alert steps", "max z"],
+        ([r["size"], r["seed"], fmt(r["collapse_onset"]), r["collapse_alert_logs"],
+          f"{r['max_abs_residual_over_sigma']:.2f}", fmt(r["size_ref"].get("collapse_onset")), fmt(r["raw_onset"]),
+          r["raw_alert_steps"], f"{r['max_z']:.2f}"] for r in clean_rows))
     fa = summary["false_alarms"]
     lines += ["", f"False alarms on {fa['runs']} clean runs: collapse alert (LOSO) {fa['collapse_loso']}, collapse alert "
                   f"(other-size ref) {fa['collapse_other_sizes']}, raw z-score {fa['raw']}.", "",
@@ -272,33 +257,32 @@ def main(argv=None) -> int:
     total = plans[fault_size].steps
     inject_step = round(INJECT_FRAC * total)
 
+    runs = {}
     for seed in SEEDS:
         for size in sizes:
-            until = inject_step if (size, seed) == (fault_size, FAULT_SEED) else plans[size].steps
-            train_until(size, [f"TrainConfig.seed = {seed}"], clean_dir(workdir, size, seed), until,
-                        plans[size].steps, workdir)
+            until = inject_step if (size, seed) == (fault_size, FAULT_SEED) else None
+            train(runs, size, [f"TrainConfig.seed = {seed}"], clean_dir(workdir, size, seed), workdir, until)
     fault_ref = seed_reference(workdir, fault_size, FAULT_SEED, monitor_cfg)
     source = os.path.join(clean_dir(workdir, fault_size, FAULT_SEED), "checkpoints", str(inject_step))
     fault_params = {}
     for factor in WD_FACTORS:
         wd = factor * plans[fault_size].weight_decay
         fault_params[factor] = wd
-        train_until(fault_size, [f"TrainConfig.seed = {FAULT_SEED}", f"TrainConfig.init_from = '{source}'",
+        train(runs, fault_size, [f"TrainConfig.seed = {FAULT_SEED}", f"TrainConfig.init_from = '{source}'",
                                  f"RecipeConfig.weight_decay = {wd!r}", f"TrainConfig.collapse_reference = ('{fault_ref}',)",
                                  # the plan's τ changed with λ, so the reference's controls no longer match
                                  "TrainConfig.force_reference = True"],
-                    fault_dir(workdir, fault_size, factor), total, total, workdir)
-    train_until(fault_size, [f"TrainConfig.seed = {FAULT_SEED}"], clean_dir(workdir, fault_size, FAULT_SEED),
-                total, total, workdir)
+              fault_dir(workdir, fault_size, factor), workdir)
+    train(runs, fault_size, [f"TrainConfig.seed = {FAULT_SEED}"], clean_dir(workdir, fault_size, FAULT_SEED), workdir)
 
     print("\n== analysis", flush=True)
     clean_rows, clean_fault_seed = [], None
     for size in sizes:
         others = size_references(workdir, sizes, size, monitor_cfg)
         for seed in SEEDS:
-            run = clean_dir(workdir, size, seed)
-            row = analyse(run, [seed_reference(workdir, size, seed, monitor_cfg)], monitor_cfg, log_every, False)
-            row["size_ref"] = public(analyse(run, others, monitor_cfg, log_every, False)) if others else {}
+            run_dir = clean_dir(workdir, size, seed)
+            row = analyse(run_dir, [seed_reference(workdir, size, seed, monitor_cfg)], monitor_cfg, log_every, False)
+            row["size_ref"] = public(analyse(run_dir, others, monitor_cfg, log_every, False)) if others else {}
             row.update(size=size, seed=seed)
             clean_rows.append(row)
             if (size, seed) == (fault_size, FAULT_SEED):
@@ -306,14 +290,14 @@ def main(argv=None) -> int:
     fault_ref = seed_reference(workdir, fault_size, FAULT_SEED, monitor_cfg)
     faults = {}
     for factor, wd in fault_params.items():
-        run = fault_dir(workdir, fault_size, factor)
-        r = analyse(run, [fault_ref], monitor_cfg, log_every, True)
+        run_dir = fault_dir(workdir, fault_size, factor)
+        r = analyse(run_dir, [fault_ref], monitor_cfg, log_every, True)
         others = size_references(workdir, sizes, fault_size, monitor_cfg)
-        r["size_ref"] = public(analyse(run, others, monitor_cfg, log_every, True)) if others else {}
-        r.update(in_loop_alerts(run, r["_logs"], total, inject_step), weight_decay=wd, factor=factor)
+        r["size_ref"] = public(analyse(run_dir, others, monitor_cfg, log_every, True)) if others else {}
+        r.update(in_loop_alerts(run_dir, r["_logs"], total, inject_step), weight_decay=wd, factor=factor)
         faults[fault_name(factor)] = r
 
-    plan, timings = plans[fault_size], read_timings(workdir)
+    plan, timings = plans[fault_size], {name: r.train_seconds() for name, r in runs.items()}
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
         "train_seconds": sum(timings.values()), "timings_s": timings,
@@ -335,7 +319,8 @@ def main(argv=None) -> int:
     plot(os.path.join(args.out, "anomaly.png"), faults, clean_fault_seed, inject_step / total, monitor_cfg, fault_size)
     write_json_atomic(os.path.join(args.out, "results.json"), summary)
     write_results(args.out, summary, faults, clean_rows)
-    print(open(os.path.join(args.out, "results.md")).read())
+    with open(os.path.join(args.out, "results.md")) as f:
+        print(f.read())
     return 0
 
 

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from celerity_jax import markdown
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
 METHODS = {"family": "family-aware (d48 and d64 extrapolated in log N to d80)",
@@ -87,16 +88,14 @@ def analyse(workdirs: list[str]) -> dict:
 
 def render_section(title: str, sec: dict) -> list[str]:
     n_seeds = len(sec["seeds"])
-    seed_cols = " | ".join(f"seed {i}" for i in range(n_seeds))
     lines = [f"## {title}", "", f"Workdirs: {', '.join('`' + s['workdir'] + '`' for s in sec['seeds'])}. "
-             f"Early-align over t̂ in [{sec['align_start']:g}·f, f].", "",
-             f"| setting | τ | λ (d80) | final loss {seed_cols} | mean | − best mean |",
-             "|---|---|---|" + "---|" * n_seeds + "---|---|"]
+             f"Early-align over t̂ in [{sec['align_start']:g}·f, f].", ""]
     best = min(s["final_loss_mean"] for s in sec["settings"])
-    for s in sec["settings"]:
-        lines.append(f"| {s['name']} | {s['tau']:.3g} | {s['weight_decay']:.3g} | "
-                     + " | ".join(f"{x:.4f}" for x in s["final_loss_per_seed"])
-                     + f" | {s['final_loss_mean']:.4f} | {s['final_loss_mean'] - best:+.4f} |")
+    lines += markdown.table(
+        ["setting", "τ", "λ (d80)", "final loss seed 0", *(f"seed {i}" for i in range(1, n_seeds)), "mean",
+         "− best mean"],
+        ([s["name"], f"{s['tau']:.3g}", f"{s['weight_decay']:.3g}", *(f"{x:.4f}" for x in s["final_loss_per_seed"]),
+          f"{s['final_loss_mean']:.4f}", f"{s['final_loss_mean'] - best:+.4f}"] for s in sec["settings"]))
     lines.append("")
     for i, seed in enumerate(sec["seeds"]):
         lines.append(f"True ranking, seed {i}: " + " < ".join(seed["true_ranking"]) + ".")
@@ -113,25 +112,20 @@ def render_section(title: str, sec: dict) -> list[str]:
                   + f"; gaps below 2 × {noise['paired_noise']:.4f} are within seed noise."]
     lines.append("")
     for method, label in METHODS.items():
-        lines += [f"### Predictions: {label}", "",
-                  "| seed | fraction | predicted winner | regret (own seed) | regret (seed mean) | separation (σ) | "
-                  "Kendall τ | mean abs error | target FLOPs | with references | target wall time |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for i, seed in enumerate(sec["seeds"]):
-            for row in seed["per_fraction"]:
-                e = row[method]
-                lines.append(f"| {i} | {row['fraction']:g} | {e['chosen']} | {e['regret']:.4f} | "
-                             f"{e['regret_vs_seed_mean']:.4f} | {e['separation_sigma']:.1f} | {e['kendall_tau']:.2f} | "
-                             f"{100 * e['mean_abs_error']:.2f}% | {100 * e['target_compute_fraction']:.0f}% | "
-                             f"{100 * e['total_compute_fraction']:.0f}% | {100 * e['wall_fraction']:.0f}% |")
-        fracs = sec["fractions"]
-        lines += ["", "Error of each predicted final loss (predicted / true − 1):", "",
-                  "| setting | seed | " + " | ".join(f"@{f:g}" for f in fracs) + " |",
-                  "|---|---|" + "---|" * len(fracs)]
-        for s in sec["settings"]:
-            for i, seed in enumerate(sec["seeds"]):
-                cells = [f"{100 * row[method]['errors'][s['name']]:+.2f}%" for row in seed["per_fraction"]]
-                lines.append(f"| {s['name']} | {i} | " + " | ".join(cells) + " |")
+        lines += [f"### Predictions: {label}", ""]
+        lines += markdown.table(
+            ["seed", "fraction", "predicted winner", "regret (own seed)", "regret (seed mean)", "separation (σ)",
+             "Kendall τ", "mean abs error", "target FLOPs", "with references", "target wall time"],
+            ([i, f"{row['fraction']:g}", e["chosen"], f"{e['regret']:.4f}", f"{e['regret_vs_seed_mean']:.4f}",
+              f"{e['separation_sigma']:.1f}", f"{e['kendall_tau']:.2f}", f"{100 * e['mean_abs_error']:.2f}%",
+              f"{100 * e['target_compute_fraction']:.0f}%", f"{100 * e['total_compute_fraction']:.0f}%",
+              f"{100 * e['wall_fraction']:.0f}%"]
+             for i, seed in enumerate(sec["seeds"]) for row in seed["per_fraction"] for e in [row[method]]))
+        lines += ["", "Error of each predicted final loss (predicted / true − 1):", ""]
+        lines += markdown.table(
+            ["setting", "seed", *(f"@{f:g}" for f in sec["fractions"])],
+            ([s["name"], i, *(f"{100 * row[method]['errors'][s['name']]:+.2f}%" for row in seed["per_fraction"])]
+             for s in sec["settings"] for i, seed in enumerate(sec["seeds"])))
         lines.append("")
     seconds = ", ".join(f"seed {i}: targets {s['target_seconds']:.0f} s, references {s['reference_seconds']:.0f} s"
                         for i, s in enumerate(sec["seeds"]))

@@ -13,7 +13,7 @@ sweep() {  # sweep WORKDIR TAUS SEED
     flock /tmp/celerity_cpu.lock .venv/bin/celerity sweep --workdir "$1" \
         --model experiments/tiny/d80.gin \
         --reference-model experiments/tiny/d48.gin --reference-model experiments/tiny/d64.gin \
-        --gin_file $EXP/recipe.gin --gin_param "TrainConfig.seed = $3" \
+        --gin-file $EXP/recipe.gin --gin-param "TrainConfig.seed = $3" \
         --sweep "RecipeConfig.tau=$2" --fractions 0.1,0.2,0.3 --keep 1
 }
 

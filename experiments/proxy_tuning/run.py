@@ -4,7 +4,8 @@
     python experiments/proxy_tuning/run.py --stage family  # the tiny family at candidate TPPs
     python experiments/proxy_tuning/run.py                 # only rewrite results.md
 
-Runs live in --workdir (default runs/proxy_tuning/<run name>); rerunning skips finished runs.
+Runs live in --workdir (default runs/proxy_tuning/<run name>); rerunning skips finished runs (a run
+directory of another config, after base.gin changed, is refused) and resumes unfinished ones.
 Every stage trains from experiments/tiny/base.gin plus the overrides listed below, so a change to
 base.gin shows up here on the next run. Results accumulate in experiments/proxy_tuning/results.json.
 """
@@ -59,11 +60,11 @@ def stage_runs(stage: str) -> dict[str, tuple[list[str], list[str]]]:
     elif stage == "naive":
         from celerity_jax import gin_config, recipe
 
-        n_middle = recipe.params.count_params(gin_config.parse_gin(_size_files("d64"))["model"])
+        n_middle = recipe.params.count_params(gin_config.parse_gin(_size_files("d64")).model)
         for tpp_middle, wd in ((4, 0.1), (4, 2.0), (10, 1.0)):
             tokens = tpp_middle * n_middle
             for size in ("d48", "d64", "d80"):
-                n = recipe.params.count_params(gin_config.parse_gin(_size_files(size))["model"])
+                n = recipe.params.count_params(gin_config.parse_gin(_size_files(size)).model)
                 runs[f"naive/tpp{tpp_middle}_wd{wd:g}_{size}"] = (_size_files(size), [
                     "RecipeConfig.batch_seqs = 16", "RecipeConfig.tau = None",
                     f"RecipeConfig.weight_decay = {wd!r}", f"RecipeConfig.tpp = {tokens / n!r}"])
@@ -78,33 +79,36 @@ def _size_files(size: str) -> list[str]:
 
 def final_loss(workdir: str) -> float:
     """Mean training loss over the last 5% of steps (the curve's end, less noisy than one step)."""
-    from celerity_jax.collapse import loading
+    from celerity_jax.collapse import files
 
-    run = loading.load_curve(workdir)
-    return float(run.loss_T[run.frac_T >= 0.95].mean())
+    curve = files.load_curve(workdir)
+    return float(curve.loss_T[curve.frac_T >= 0.95].mean())
 
 
 def train_stage(stage: str, root: str) -> None:
-    from celerity_jax import gin_config
+    from celerity_jax import run
 
     results = _load_results()
     for name, (files, params) in stage_runs(stage).items():
         workdir = os.path.join(root, name)
-        if name in results and os.path.isfile(os.path.join(workdir, "curve.csv")):
+        loaded = run.load(run.RunSpec(workdir, tuple(files), tuple(params)))
+        if name in results and loaded.finished():
             continue
-        start = time.time()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            summary = gin_config.train_from_gin(files, params, workdir, log=lambda _: None)
-        plan = json.load(open(os.path.join(workdir, "plan.json")))
-        results[name] = {"params": params, "n_params": plan["n_params"], "tpp": plan["tpp"], "tau": plan["tau"],
-                         "steps": plan["steps"], "final_loss": final_loss(workdir), "seconds": time.time() - start,
-                         "stopped": summary["stopped"], "workdir": workdir}
+            summary = loaded.train_to(log=lambda _: None)
+        plan = loaded.plan
+        results[name] = {"params": params, "n_params": plan.n_params, "tpp": plan.tpp, "tau": plan.tau,
+                         "steps": plan.steps, "final_loss": final_loss(workdir), "seconds": loaded.train_seconds(),
+                         "stopped": "finished" if summary is None else summary["stopped"], "workdir": workdir}
         print(f"{name}: final {results[name]['final_loss']:.4f} ({results[name]['seconds']:.0f} s)", flush=True)
         _save_results(results)
 
 
 def _load_results() -> dict:
-    return json.load(open(RESULTS_JSON)) if os.path.isfile(RESULTS_JSON) else {}
+    if not os.path.isfile(RESULTS_JSON):
+        return {}
+    with open(RESULTS_JSON) as f:
+        return json.load(f)
 
 
 def _save_results(results: dict) -> None:
@@ -115,7 +119,8 @@ def _save_results(results: dict) -> None:
 
 def write_report(root: str) -> str:
     """results.md: the LR × sigma grid, the transfer check and each family's collapse spread."""
-    from celerity_jax.collapse import compare, loading
+    from celerity_jax import markdown
+    from celerity_jax.collapse import compare, files
     from celerity_jax.fileio import write_text_atomic
 
     results = _load_results()
@@ -125,16 +130,16 @@ def write_report(root: str) -> str:
              ""]
     grid = {k: v for k, v in results.items() if k.startswith("lr/")}
     if grid:
-        lines += ["## Base LR × sigma_base on the proxy (d_model 32 = d_base, 2 layers, TPP 4, batch 16)", "",
-                  "| base_lr | sigma_base | final loss |", "|---|---|---|"]
+        lines += ["## Base LR × sigma_base on the proxy (d_model 32 = d_base, 2 layers, TPP 4, batch 16)", ""]
+        rows = []
         for name, r in sorted(grid.items(), key=lambda kv: kv[1]["final_loss"]):
             lr, sigma = (p.split(" = ")[1] for p in r["params"] if p.startswith(("RecipeConfig.base_lr", "ModelConfig.sigma_base")))
-            lines.append(f"| {lr} | {sigma} | {r['final_loss']:.4f} |")
-        lines.append("")
+            rows.append([lr, sigma, f"{r['final_loss']:.4f}"])
+        lines += markdown.table(["base_lr", "sigma_base", "final loss"], rows) + [""]
     transfer = {k: v for k, v in results.items() if k.startswith("transfer/")}
     if transfer:
-        lines += ["## Does the LR transfer? (d64, TPP 4, batch 16)", "", "| run | final loss |", "|---|---|"]
-        lines += [f"| {k} | {v['final_loss']:.4f} |" for k, v in sorted(transfer.items())]
+        lines += ["## Does the LR transfer? (d64, TPP 4, batch 16)", ""]
+        lines += markdown.table(["run", "final loss"], ([k, f"{v['final_loss']:.4f}"] for k, v in sorted(transfer.items())))
         lines.append("")
     groups = [
         ("tau law, TPP 4, batch 16", "family/tpp4_", ("d48", "d64", "d80")),
@@ -149,16 +154,17 @@ def write_report(root: str) -> str:
         ("the same, one seed (batch order) per size", "seeds/naive_tpp10_wd1_", ("d48_seed48", "d64_seed64", "d80_seed80")),
         ("seed noise: d64, tau law, TPP 10, seeds 0 and 1", None, ("family/tpp10_d64", "seeds/tpp10_d64_seed1")),
     ]
-    lines += ["## Collapse of the family", "",
-              "| family | runs | final losses | mean abs deviation (t̂ 0.2-1, 100 bins / 5) |", "|---|---|---|---|"]
+    rows = []
     for label, prefix, members in groups:
         names = [(prefix or "") + m for m in members]
         if not all(n in results for n in names):
             continue
-        runs = [loading.load_curve(results[n]["workdir"]) for n in names]
-        quality = compare.compare_family(runs, n_bins=100, smooth_bins=5).quality
+        curves = [files.load_curve(results[n]["workdir"]) for n in names]
+        quality = compare.compare_family(curves, n_bins=100, smooth_bins=5).quality
         finals = ", ".join(f"{results[n]['final_loss']:.3f}" for n in names)
-        lines.append(f"| {label} | {', '.join(names)} | {finals} | {quality['mean_abs_dev']:.4f} |")
+        rows.append([label, ", ".join(names), finals, f"{quality['mean_abs_dev']:.4f}"])
+    lines += ["## Collapse of the family", ""]
+    lines += markdown.table(["family", "runs", "final losses", "mean abs deviation (t̂ 0.2-1, 100 bins / 5)"], rows)
     lines.append("")
     path = os.path.join(HERE, "results.md")
     write_text_atomic(path, "\n".join(lines))

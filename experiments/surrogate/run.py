@@ -1,9 +1,10 @@
-"""Fits the surrogate of the normalized curve (SCIENCE.md §5) to a grid of tiny runs: our Table 11.
+"""Fits the surrogate of the normalized curve (docs/science.md §5) to a grid of tiny runs: our Table 11.
 
     python experiments/surrogate/run.py [--write-default]
 
 1. Trains every size × τ × TPP of the grid (experiments/tiny/<size>.gin + grid.gin; τ pinned, weight
-   decay derived, B = 1.5·sqrt(D)) into --workdir. Finished runs are skipped, interrupted ones resume.
+   decay derived, B = 1.5·sqrt(D)) into --workdir. Finished runs are skipped, interrupted ones resume;
+   each run's training time is in its run directory (timing.json).
 2. Fits (b_c, b_e, q_c, q_e) on all runs and reports the MAE of every run over t̂ in [0.2, 1].
 3. Held out: refits on the smallest size only (the paper's Table 11: fitted at 111M, applied to the
    larger sizes), without one size, and without one (τ, TPP) setting (a recipe no run of any size
@@ -23,7 +24,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -71,46 +71,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_is_finished(configs, workdir: str) -> bool:
-    """Whether `workdir` holds this exact run, trained to its last step."""
-    from celerity_jax import recipe
-    from celerity_jax.collapse import loading
-    from celerity_jax.train.loop import RunConfigs, run_identity
+def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, float | None]:
+    """Trains what is not finished; returns each run's recorded training seconds (None if none)."""
+    from celerity_jax import run
 
-    try:
-        with open(os.path.join(workdir, "run.json")) as f:
-            stored = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return False
-    identity = run_identity(RunConfigs(**configs), recipe.make_plan(configs["model"], configs["recipe"]))
-    return stored == identity and os.path.isfile(os.path.join(workdir, "curve.csv")) and \
-        loading.load_curve(workdir).finished
-
-
-def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, float]:
-    """Trains what is not finished; returns the training seconds recorded for each run."""
-    from celerity_jax import gin_config
-    from celerity_jax.fileio import write_json_atomic
-    from celerity_jax.train.loop import RunConfigs, train
-
-    timings_path = os.path.join(workdir, "timings.json")
-    timings = json.load(open(timings_path)) if os.path.isfile(timings_path) else {}
-    for i, run in enumerate(runs):
-        configs = gin_config.parse_gin(*run.gin())
-        run_dir = os.path.join(workdir, run.name)
-        if run_is_finished(configs, run_dir):
-            print(f"[{i + 1}/{len(runs)}] {run.name}: finished, skipped")
-            continue
-        print(f"\n[{i + 1}/{len(runs)}] {run.name}")
-        start = time.time()
-        summary = train(RunConfigs(**configs), run_dir, operative_config=gin_config.operative_config_str(),
-                        force_new=force_new)
-        if summary["stopped"] != "finished":
-            sys.exit(f"{run.name} stopped ({summary['stopped']}); rerun to resume")
-        timings[run.name] = timings.get(run.name, 0.0) + time.time() - start
-        os.makedirs(workdir, exist_ok=True)
-        write_json_atomic(timings_path, timings)
-    return timings
+    seconds = {}
+    for i, grid_run in enumerate(runs):
+        files, params = grid_run.gin()
+        name = f"[{i + 1}/{len(runs)}] {grid_run.name}"
+        loaded = run.load(run.RunSpec(os.path.join(workdir, grid_run.name), tuple(files), tuple(params), name=name))
+        summary = loaded.train_to(force_new=force_new)
+        if summary is None:
+            print(f"{name}: finished, skipped")
+        elif summary["stopped"] != "finished":
+            sys.exit(f"{grid_run.name} stopped ({summary['stopped']}); rerun to resume")
+        seconds[grid_run.name] = loaded.train_seconds() or None
+    return seconds
 
 
 def mean_curve_mae(train_CxG: np.ndarray, test_CxG: np.ndarray, keep_G: np.ndarray) -> np.ndarray:
@@ -195,6 +171,7 @@ def summarize(rows: list[dict], sizes: list[str]) -> dict:
 
 
 def write_markdown(path: str, result: dict) -> None:
+    from celerity_jax import markdown
     from celerity_jax.fileio import write_text_atomic
 
     k, prov = result["constants"], result["provenance"]
@@ -208,14 +185,13 @@ def write_markdown(path: str, result: dict) -> None:
         f"{result['bins']} bins smoothed over {result['smooth_bins']}; MAE over t̂ in [0.2, 1].", "",
         f"Fitted on all runs: **b = {k['b_c']:.4g}·τ^{k['b_e']:.3f}, q = {k['q_c']:.4g}·TPP^{k['q_e']:.3f}** "
         f"(ε1 = 0.001, ε2 = 0.1, m = 0.05 fixed).", "",
-        "## MAE per size", "",
-        "| size | N | runs | " + " | ".join(label for _, label in MAE_COLUMNS) + " |",
-        "|---|---|---|" + "---|" * len(MAE_COLUMNS)]
+        "## MAE per size", ""]
+    rows = []
     for size in result["grid"]["sizes"] + ["all"]:
         runs = [r for r in result["runs"] if size in ("all", r["size"])]
         n_params = f"{runs[0]['n_params']:,}" if size != "all" else "–"
-        lines.append(f"| {size} | {n_params} | {len(runs)} | " + " | ".join(
-            pct(result["per_size"][size].get(key)) for key, _ in MAE_COLUMNS) + " |")
+        rows.append([size, n_params, len(runs), *(pct(result["per_size"][size].get(key)) for key, _ in MAE_COLUMNS)])
+    lines += markdown.table(["size", "N", "runs", *(label for _, label in MAE_COLUMNS)], rows)
     lines += ["", "Columns: *fit on all* — constants fitted on every run (in-sample); *fit on the smallest "
               "size* — fitted on the first size's runs only, as the paper fitted at 111M (in-sample for that "
               "size); *size held out* — "
@@ -223,16 +199,14 @@ def write_markdown(path: str, result: dict) -> None:
               "setting; *oracle* — b and q fitted to that curve alone (the floor of the functional form); "
               "*other size, same τ and TPP* — the other size's measured curve as the prediction; "
               "*mean curve of other sizes* — one curve for every τ and TPP.", "",
-              "## Per run", "",
-              "| run | N | τ | TPP | B (seqs) | steps | λ | final loss | " +
-              " | ".join(label for _, label in MAE_COLUMNS[:5]) + " | oracle b, q | time (s) |",
-              "|---|---|---|---|---|---|---|---|" + "---|" * 5 + "---|---|"]
-    for r in result["runs"]:
-        seconds = "–" if r["train_s"] is None else f"{r['train_s']:.0f}"
-        lines.append(f"| {r['name']} | {r['n_params']:,} | {r['tau']:g} | {r['tpp']:g} | {r['batch_seqs']} | "
-                     f"{r['steps']} | {r['weight_decay']:.3g} | {r['final_loss']:.4f} | " +
-                     " | ".join(pct(r.get(key)) for key, _ in MAE_COLUMNS[:5]) +
-                     f" | {r['oracle_b']:.3g}, {r['oracle_q']:.3g} | {seconds} |")
+              "## Per run", ""]
+    lines += markdown.table(
+        ["run", "N", "τ", "TPP", "B (seqs)", "steps", "λ", "final loss", *(label for _, label in MAE_COLUMNS[:5]),
+         "oracle b, q", "time (s)"],
+        ([r["name"], f"{r['n_params']:,}", f"{r['tau']:g}", f"{r['tpp']:g}", r["batch_seqs"], r["steps"],
+          f"{r['weight_decay']:.3g}", f"{r['final_loss']:.4f}", *(pct(r.get(key)) for key, _ in MAE_COLUMNS[:5]),
+          f"{r['oracle_b']:.3g}, {r['oracle_q']:.3g}", "–" if r["train_s"] is None else f"{r['train_s']:.0f}"]
+         for r in result["runs"]))
     lines += ["", "Constants fitted with one size held out: " + "; ".join(
         f"without {s}: b = {c['b_c']:.4g}·τ^{c['b_e']:.3f}, q = {c['q_c']:.4g}·TPP^{c['q_e']:.3f}"
         for s, c in result["held_out_size_constants"].items()) + ".", "", "![fit](fit.png)", ""]
@@ -288,26 +262,26 @@ def plot(path: str, runs: list[GridRun], inputs, constants) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from celerity_jax.collapse import loading, reference, surrogate
+    from celerity_jax.collapse import curves, files, surrogate
     from celerity_jax.fileio import write_json_atomic
 
     sizes = [s for s in args.sizes.split(",") if s]
     runs = [GridRun(size, tau, tpp) for size in sizes for tau in floats(args.taus) for tpp in floats(args.tpps)]
-    timings = train_grid(runs, args.workdir, args.force_new)
+    seconds = train_grid(runs, args.workdir, args.force_new)
 
-    curves = [loading.load_curve(os.path.join(args.workdir, r.name)) for r in runs]
-    inputs = reference.surrogate_inputs(curves, args.bins, args.smooth_bins)
+    loaded = [files.load_curve(os.path.join(args.workdir, r.name)) for r in runs]
+    inputs = surrogate.surrogate_inputs(loaded, args.bins, args.smooth_bins)
     evaluation = evaluate(runs, inputs)
     fit = evaluation["fit"]
     rows = []
-    for run, curve, row in zip(runs, curves, evaluation["rows"]):
+    for run, curve, row in zip(runs, loaded, evaluation["rows"]):
         with open(os.path.join(args.workdir, run.name, "plan.json")) as f:
             plan = json.load(f)
         rows.append({"name": run.name, "size": run.size, "tau": run.tau, "tpp": run.tpp,
                      "n_params": plan["n_params"], "batch_seqs": plan["batch_seqs"], "steps": plan["steps"],
                      "weight_decay": plan["weight_decay"],
-                     "final_loss": float(reference.normalize_run(curve, args.bins, args.smooth_bins)[1]),
-                     "train_s": timings.get(run.name), **row})
+                     "final_loss": float(curves.normalize_run(curve, args.bins, args.smooth_bins)[1]),
+                     "train_s": seconds[run.name], **row})
 
     os.makedirs(args.out, exist_ok=True)
     provenance = {
@@ -343,8 +317,8 @@ def main(argv=None) -> int:
                                   grid=result["grid"])
         info = [{"curve": os.path.relpath(os.path.join(args.workdir, r["name"]), REPO), "size": r["size"], "n_params": r["n_params"],
                  "tau": r["tau"], "tpp": r["tpp"]} for r in rows]
-        surrogate.save_surrogate(fit, info, FIT_RANGE, default_provenance, surrogate.default_surrogate_path())
-        print(f"wrote {surrogate.default_surrogate_path()}")
+        files.save_surrogate(fit, info, FIT_RANGE, default_provenance, files.default_surrogate_path())
+        print(f"wrote {files.default_surrogate_path()}")
     return 0
 
 

@@ -4,10 +4,11 @@ import argparse
 import os
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.model.config import PARAMETRIZATIONS
 
 
 def add_commands(subparsers) -> None:
+    from celerity_jax.model.config import PARAMETRIZATIONS  # plain constants, no jax
+
     p = subparsers.add_parser("coordcheck", help="coordinate check of the parametrizations (a few CPU minutes)")
     p.add_argument("--out", default="coordcheck.png", help="figure path (png, pdf, svg)")
     p.add_argument("--modes", default="standard,completep", help=f"comma list of {', '.join(PARAMETRIZATIONS)}")
@@ -15,21 +16,12 @@ def add_commands(subparsers) -> None:
     p.add_argument("--depths", default="2,4,8,16", help="layer counts, at width min(widths)")
     p.add_argument("--steps", type=int, default=10, help="Adam steps")
     p.add_argument("--lr", type=float, default=1e-2, help="base learning rate")
-    p.set_defaults(func=_coordcheck)
+    p.set_defaults(func=coordcheck_command)
 
 
-def _ints(text: str, flag: str, multiple_of: int = 1) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or any(v < 1 or v % multiple_of for v in values):
-        raise ConfigError(f"{flag}={text!r} must be a comma list of positive multiples of {multiple_of}")
-    return values
-
-
-def _coordcheck(args: argparse.Namespace) -> int:
+def coordcheck_command(args: argparse.Namespace) -> int:
     from celerity_jax.model import coordcheck  # imports jax
+    from celerity_jax.model.config import PARAMETRIZATIONS
 
     modes = tuple(args.modes.split(","))
     if not set(modes) <= set(PARAMETRIZATIONS):
@@ -54,3 +46,13 @@ def _coordcheck(args: argparse.Namespace) -> int:
                 print(f"{mode:>10} {sweep:>5} {q:>12}  {values}  spread {coordcheck.spread(final):.2f}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _ints(text: str, flag: str, multiple_of: int = 1) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 or v % multiple_of for v in values):
+        raise ConfigError(f"{flag}={text!r} must be a comma list of positive multiples of {multiple_of}")
+    return values

@@ -11,7 +11,8 @@ def test_prepare_data_writes_shards_and_says_how_to_train_on_them(tmp_path, caps
                      "--out", str(out), "--chunk-tokens", "256"]) == 0
     printed = capsys.readouterr().out
     summary = json.loads(printed.splitlines()[1])
-    meta = json.load(open(out / "meta.json"))
+    with open(out / "meta.json") as f:
+        meta = json.load(f)
     assert summary["splits"]["train"]["tokens"] == meta["splits"]["train"]["tokens"] > 0
     assert meta["chunk_tokens"] == 256 and meta["source"]["text_field"] == "body"
     assert f"DataConfig.paths = ['{out}']" in printed

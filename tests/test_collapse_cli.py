@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from celerity_jax import cli
-from celerity_jax.collapse import surrogate
+from celerity_jax.collapse import files, surrogate
 
 STEPS = 1200
 GRID = ["--bins", "200"]
@@ -38,6 +38,11 @@ def family(tmp_path_factory):
     return d, runs
 
 
+def _json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
 def _celerity(capsys, *argv) -> tuple[int, str, str]:
     code = cli.main(["collapse", *argv])
     out, err = capsys.readouterr()
@@ -56,7 +61,7 @@ def _references(capsys, d, runs) -> list[str]:
 def test_reference_and_family_aware_predict(capsys, family):
     d, runs = family
     refs = _references(capsys, d, runs)
-    data = json.load(open(refs[0]))
+    data = _json(refs[0])
     assert data["controls"]["n_params"] == 1e5 and len(data["frac"]) == 200 and data["provenance"]["n_seeds"] == 2
 
     partial = _write_run(str(d / "partial.csv"), SIZES[3], 77, steps=STEPS * 2 // 5)
@@ -69,6 +74,10 @@ def test_reference_and_family_aware_predict(capsys, family):
     lo, hi = result["interval_95"]
     assert lo < result["pred_final_loss"] < hi
     assert "single_reference" in result
+    written = str(d / "prediction.json")
+    code, out, _ = _celerity(capsys, "predict", "--reference", ",".join(refs), "--curve", partial, "--json", written,
+                             *GRID)
+    assert code == 0 and f"wrote {written}" in out and "predicted final loss" in out and _json(written) == result
 
 
 def test_compare_draws_and_reports_quality(capsys, family):
@@ -82,31 +91,33 @@ def test_compare_draws_and_reports_quality(capsys, family):
     assert 0 < table["quality"]["supercollapse"]["ratio"]
 
     refs = _references(capsys, d, runs)
+    table_path = str(d / "table.json")
     code, out, _ = _celerity(capsys, "compare", runs[(SIZES[3], 0)], "--reference", ",".join(refs), "--out", fig,
-                             *GRID)
+                             "--json", table_path, *GRID)
     assert code == 0 and "residuals against the reference" in out and "alert at" in out
+    assert f"wrote {table_path}" in out and _json(table_path)["residuals_against"] == "reference"
 
 
 def test_fit_then_reference_from_the_surrogate(capsys, tmp_path):
     curves = [_write_run(str(tmp_path / f"t{i}.csv"), 1e5, 100 + i, tau=tau) for i, tau in enumerate(TAUS)]
     out_path = str(tmp_path / "surrogate.json")
     code, out, _ = _celerity(capsys, "fit", *curves, "--out", out_path, *GRID)
-    fitted = json.load(open(out_path))
+    fitted = _json(out_path)
     assert code == 0 and "overall MAE" in out and "held at 0" in out  # one TPP: q_e cannot be fitted
     assert fitted["mae"] < 0.01 and len(fitted["curves"]) == 3 and fitted["constants"]["q_e"] == 0.0
     assert fitted["constants"]["b_e"] == pytest.approx(-0.3, abs=0.1)
     ref_path = str(tmp_path / "sref.json")
     code, out, _ = _celerity(capsys, "reference", "--surrogate", out_path, "--tau", "0.17", "--tpp", "20",
                              "--schedule", "d2z", "--warmup-frac", "0.1", "--out", ref_path, *GRID)
-    assert code == 0 and json.load(open(ref_path))["provenance"]["kind"] == "surrogate"
+    assert code == 0 and _json(ref_path)["provenance"]["kind"] == "surrogate"
     code, out, _ = _celerity(capsys, "reference", "--surrogate", out_path, "--tau", "0.17", "--tpp", "20",
                              "--schedule", "d2z", "--out", ref_path, *GRID)
     assert "outside" not in out
-    grid = json.load(open(surrogate.default_surrogate_path()))["provenance"]["grid"]
+    grid = _json(files.default_surrogate_path())["provenance"]["grid"]
     tau, tpp = str(min(grid["taus"])), str(max(grid["tpps"]))
     code, out, _ = _celerity(capsys, "reference", "--surrogate", "default", "--tau", tau, "--tpp", tpp,
                              "--schedule", "d2z", "--warmup-frac", "0.1", "--out", ref_path, *GRID)
-    assert code == 0 and json.load(open(ref_path))["provenance"]["source"].endswith("default_surrogate.json")
+    assert code == 0 and _json(ref_path)["provenance"]["source"].endswith("default_surrogate.json")
     assert "outside" not in out
     code, out, _ = _celerity(capsys, "reference", "--surrogate", "default", "--tau", str(0.5 * float(tau)),
                              "--tpp", tpp, "--schedule", "d2z", "--out", ref_path, *GRID)
@@ -168,6 +179,8 @@ def test_bad_paths_and_files_are_one_line_without_traceback(capsys, family, tmp_
         (["compare", good, "--out", str(tmp_path / "figure")], "--out .*figure: the figure format comes from"),
         (["reference", good, "--out", str(tmp_path)], "--out .* is a folder; give a file path"),
         (["reference", good, "--out", str(tmp_path / "no" / "r.json")], "is not an existing folder"),
+        (["compare", good, "--out", str(tmp_path / "f.png"), "--json", str(tmp_path)], "--json .* is a folder"),
+        (["predict", "--reference", str(listed), "--curve", good, "--json", good], "--json .* is one of the inputs"),
         (["reference", "--surrogate", str(binary), "--tau", "0.17", "--tpp", "20", "--schedule", "d2z", "--out",
           str(tmp_path / "r.json")], "not a JSON text file .*; give a file made by `celerity collapse fit`"),
     ]

@@ -1,4 +1,4 @@
-"""Reading loss curves (run directories, TensorBoard event directories, CSV files) and their controls.
+"""What the collapse toolkit reads and writes: curve files, reference JSON and surrogate JSON.
 
 A CURVE is one of:
 - a run directory holding `curve.csv` (step, tokens, frac, loss) and `plan.json`;
@@ -6,135 +6,41 @@ A CURVE is one of:
   with `plan.json` in it or in one of its two parents, if any;
 - a CSV file whose header holds `step` and `loss` (optional `tokens`, `frac`), with an optional sidecar
   `<name>.json` beside it giving the controls.
-Controls are read by key, so plan.json may hold more: n_params, tpp (or tokens), tau, schedule (a name,
-or a mapping with "name"), warmup_frac (or warmup_steps), and steps / total_steps.
+Controls are read by key (controls.controls_from_mapping), so plan.json may hold more.
+
+A reference JSON holds a `Reference` (built by reference.py), a surrogate JSON the constants fitted by
+surrogate.py. Every reader turns a bad file into a one-line ConfigError naming the file and the fix.
 """
 
 import csv
 import dataclasses
 import decimal
+import importlib.resources
 import json
-import math
 import os
-from collections.abc import Mapping
 
 import numpy as np
 
+from celerity_jax.collapse import surrogate
+from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, Controls, controls_from_mapping
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import check_input_file
+from celerity_jax.fileio import check_input_file, write_json_atomic
 
 CURVE_CSV = "curve.csv"
 PLAN_JSON = "plan.json"
 LOSS_TAG = "train/loss"
 FRAC_TAG = "progress/frac"
-# Relative tolerance when comparing TPP and τ of a run and a reference.
-CONTROL_RTOL = 0.05
-# Steps are exact int64: as floats, steps above 2**53 would round and could look equal.
-MAX_STEP = np.iinfo(np.int64).max
 CURVE_KINDS = "a run directory, a TensorBoard event directory or a curve .csv file"
-JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-              bool: "a boolean", type(None): "null"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Controls:
-    """What a normalized curve depends on (SCIENCE.md §1). None = unknown."""
-    n_params: float | None = None
-    tpp: float | None = None
-    tau: float | None = None
-    schedule: str | None = None
-    warmup_frac: float | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-
-    def mismatches(self, other: "Controls") -> list[str]:
-        """Fields that collapse needs equal (TPP, τ, schedule name) and that differ; N may differ."""
-        out = []
-        for name in ("tpp", "tau"):
-            a, b = getattr(self, name), getattr(other, name)
-            if a is not None and b is not None and abs(a - b) > CONTROL_RTOL * max(abs(a), abs(b)):
-                out.append(f"{name} {a:.4g} vs {b:.4g}")
-        if self.schedule and other.schedule and self.schedule != other.schedule:
-            out.append(f"schedule {self.schedule!r} vs {other.schedule!r}")
-        return out
-
-    def unknown(self, other: "Controls") -> list[str]:
-        """Collapse controls that cannot be compared because one side does not know them."""
-        return [n for n in ("tpp", "tau", "schedule") if getattr(self, n) is None or getattr(other, n) is None]
-
-
-def _number(meta: Mapping, key: str, source: str, fix: str) -> float | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{source}: {key!r} = {value!r} is not a non-negative number; {fix}")
-    return float(value)
-
-
-def _whole_number(meta: Mapping, key: str, source: str, fix: str) -> int | None:
-    """An exact count such as the total steps (a float would round counts above 2**53)."""
-    value = meta.get(key)
-    if value is None:
-        return None
-    whole = int(value) if isinstance(value, float) and value.is_integer() else value
-    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= MAX_STEP:
-        raise ConfigError(f"{source}: {key!r} = {value!r} is not a whole number >= 0; {fix}")
-    return whole
-
-
-def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field") -> tuple[Controls, int | None]:
-    """(Controls, total steps or None) from a plan.json / sidecar mapping, read by key; `fix` ends the
-    message of a field that cannot be used."""
-    if not isinstance(meta, Mapping):
-        raise ConfigError(f"{source}: the controls are {JSON_TYPES.get(type(meta), type(meta).__name__)}, "
-                          f"not a JSON object; {fix}")
-    n_params = _number(meta, "n_params", source, fix)
-    tokens = _number(meta, "tokens", source, fix)
-    tpp = _number(meta, "tpp", source, fix)
-    if tpp is None and tokens and n_params:
-        tpp = tokens / n_params
-    steps = _whole_number(meta, "total_steps", source, fix)
-    steps = _whole_number(meta, "steps", source, fix) if steps is None else steps
-    warmup_frac = _number(meta, "warmup_frac", source, fix)
-    warmup_steps = _number(meta, "warmup_steps", source, fix)
-    if warmup_frac is None and warmup_steps is not None and steps:
-        warmup_frac = warmup_steps / steps
-    schedule = meta.get("schedule", meta.get("schedule_name"))
-    if isinstance(schedule, Mapping):
-        schedule = schedule.get("name")
-    if schedule is not None and not isinstance(schedule, str):
-        raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name; {fix}")
-    controls = Controls(n_params, tpp, _number(meta, "tau", source, fix), schedule, warmup_frac)
-    return controls, steps
-
-
-def read_json(path: str, file_format: str | None = None, made_by: str = "") -> dict:
-    """A JSON object from `path` (with "format" = `file_format` if given, a file written by the command
-    `made_by`), or a one-line ConfigError naming the file, the problem and the fix."""
-    check_input_file(path, "the file")
-    fix = f"give a file made by `{made_by}`" if made_by else "fix or remove the file"
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8-sig"))
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it ({e.strerror}); {fix}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a JSON text file (no UTF-8 at byte {e.start}); {fix}") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e}); {fix}") from e
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to read; {fix}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: holds {JSON_TYPES[type(data)]}, where a JSON object is expected; {fix}")
-    if file_format and data.get("format") != file_format:
-        raise ConfigError(f"{path}: format {data.get('format')!r}, expected {file_format!r}; {fix}")
-    return data
+REFERENCE_FORMAT = "celerity-collapse-reference/1"
+SURROGATE_FORMAT = "celerity-collapse-surrogate/1"
+# `--surrogate default` names the constants shipped with the package (fitted by experiments/surrogate/).
+DEFAULT_SURROGATE = "default"
+DEFAULT_SURROGATE_FILE = "default_surrogate.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class Curve:
+    """A loss curve as read by `load_curve`: exact int64 steps, finite positive losses, t̂ = frac_T."""
     name: str
     source: str
     step_T: np.ndarray
@@ -147,6 +53,19 @@ class Curve:
     @property
     def finished(self) -> bool:
         return bool(self.step_T[-1] >= self.total_steps - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """A normalized curve on a t̂ grid with its controls and provenance (see reference.py)."""
+    frac_G: np.ndarray
+    normalized_G: np.ndarray
+    seed_std_G: np.ndarray | None   # across the seeds it averages; None for one seed or the surrogate
+    controls: Controls
+    offset: float                   # L0 of the normalization (L − L0)/(L_T − L0)
+    final_loss: float | None        # mean final (smoothed) loss of its runs
+    provenance: dict
+    source: str = "built in memory"  # the file it was loaded from
 
 
 def check_curve_path(path: str, flag: str = "CURVE") -> None:
@@ -306,3 +225,117 @@ def _check_values(source: str, step_T: np.ndarray, loss_T: np.ndarray, frac_T: n
         if bad.size:
             raise ConfigError(f"{source}: frac at step {int(step_T[bad[0]])} is {frac_T[bad[0]]}, "
                               "outside [0, 1]")
+
+
+def read_json(path: str, file_format: str | None = None, made_by: str = "") -> dict:
+    """A JSON object from `path` (with "format" = `file_format` if given, a file written by the command
+    `made_by`), or a one-line ConfigError naming the file, the problem and the fix."""
+    check_input_file(path, "the file")
+    fix = f"give a file made by `{made_by}`" if made_by else "fix or remove the file"
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8-sig"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror}); {fix}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a JSON text file (no UTF-8 at byte {e.start}); {fix}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e}); {fix}") from e
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to read; {fix}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: holds {JSON_TYPES[type(data)]}, where a JSON object is expected; {fix}")
+    if file_format and data.get("format") != file_format:
+        raise ConfigError(f"{path}: format {data.get('format')!r}, expected {file_format!r}; {fix}")
+    return data
+
+
+def _floats(x: np.ndarray) -> list[float]:
+    return [float(f"{v:.7g}") for v in np.asarray(x, float)]
+
+
+def save_reference(ref: Reference, path: str) -> None:
+    data = {"format": REFERENCE_FORMAT, "controls": ref.controls.to_dict(), "offset": ref.offset,
+            "final_loss": ref.final_loss, "provenance": ref.provenance, "frac": _floats(ref.frac_G),
+            "normalized_loss": _floats(ref.normalized_G)}
+    if ref.seed_std_G is not None:
+        data["seed_std"] = _floats(ref.seed_std_G)
+    write_json_atomic(path, data)
+
+
+def _float_array(data: dict, key: str, path: str, fix: str) -> np.ndarray:
+    """data[key], a list of finite numbers, as an array; else a one-line ConfigError."""
+    if key not in data:
+        raise ConfigError(f"{path}: the reference has no {key!r}; {fix}")
+    try:
+        array = np.asarray(data[key], float)
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is None or array.ndim != 1 or not np.all(np.isfinite(array)):
+        raise ConfigError(f"{path}: {key!r} is not a list of finite numbers; {fix}")
+    return array
+
+
+def load_reference(path: str) -> Reference:
+    """The reference JSON at `path`; a file that is not one, or is damaged, is a one-line ConfigError."""
+    fix = "rebuild it with `celerity collapse reference`"
+    data = read_json(path, REFERENCE_FORMAT, "celerity collapse reference")
+    frac_G = _float_array(data, "frac", path, fix)
+    normalized_G = _float_array(data, "normalized_loss", path, fix)
+    seed_std_G = _float_array(data, "seed_std", path, fix) if "seed_std" in data else None
+    if (frac_G.size < 2 or np.any(np.diff(frac_G) <= 0) or normalized_G.shape != frac_G.shape
+            or np.any(normalized_G <= 0) or (seed_std_G is not None and seed_std_G.shape != frac_G.shape)):
+        raise ConfigError(f"{path}: 'frac' must increase and match 'normalized_loss' (positive) and 'seed_std' "
+                          f"in length; {fix}")
+    offset = data.get("offset", 0.0)
+    # abs(offset) < 1e300 also refuses nan, inf and ints too large for a float
+    if isinstance(offset, bool) or not isinstance(offset, int | float) or not abs(offset) < 1e300:
+        raise ConfigError(f"{path}: 'offset' = {offset!r} is not a finite number; {fix}")
+    controls, _ = controls_from_mapping(data.get("controls", {}), path, fix)
+    return Reference(frac_G, normalized_G, seed_std_G, controls, float(offset), data.get("final_loss"),
+                     data.get("provenance", {}), path)
+
+
+def save_surrogate(fit: surrogate.SurrogateFit, curve_info: list[dict], fit_range: tuple[float, float],
+                   provenance: dict, path: str) -> None:
+    """Writes the fitted constants, the MAE per curve (with `curve_info`) and overall."""
+    write_json_atomic(path, {
+        "format": SURROGATE_FORMAT, "constants": dataclasses.asdict(fit.constants),
+        "fixed": {"eps1": surrogate.EPS1, "eps2": surrogate.EPS2, "m": surrogate.M}, "fit_range": list(fit_range),
+        "mae": fit.mae, "curves": [dict(info, mae=float(m)) for info, m in zip(curve_info, fit.mae_C)],
+        "provenance": provenance})
+
+
+def load_surrogate(path: str) -> surrogate.SurrogateConstants:
+    data = read_json(path, SURROGATE_FORMAT, "celerity collapse fit")
+    try:
+        return surrogate.SurrogateConstants(**{k: float(data["constants"][k]) for k in ("b_c", "b_e", "q_c", "q_e")})
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: malformed surrogate constants ({e!r}); refit it") from e
+
+
+def fit_range_notes(path: str, tau: float, tpp: float) -> list[str]:
+    """Notes when τ or TPP lie outside the values of the curves the surrogate in `path` was fitted on."""
+    fitted = read_json(path, SURROGATE_FORMAT, "celerity collapse fit").get("curves", [])
+    notes = []
+    for name, value in (("tau", tau), ("tpp", tpp)):
+        values = [c[name] for c in fitted if isinstance(c, dict) and isinstance(c.get(name), int | float)]
+        if values and not min(values) <= value <= max(values):
+            notes.append(f"{name} = {value:g} is outside the fitted runs' range [{min(values):g}, {max(values):g}] "
+                         f"of {path}; the surrogate extrapolates")
+    return notes
+
+
+def default_surrogate_path() -> str:
+    """The surrogate file shipped with the package (see its "provenance")."""
+    return str(importlib.resources.files("celerity_jax.collapse") / DEFAULT_SURROGATE_FILE)
+
+
+def surrogate_path(name: str) -> str:
+    """`default` → the shipped file; anything else is a path."""
+    return default_surrogate_path() if name == DEFAULT_SURROGATE else name
+
+
+def default_surrogate() -> surrogate.SurrogateConstants:
+    """The shipped constants, fitted to the project's tiny runs (not to LLM-scale runs)."""
+    return load_surrogate(default_surrogate_path())

@@ -1,7 +1,9 @@
-"""The `celerity` command line: each job's module registers its own subcommands.
+"""The `celerity` command line: one thin module per command group.
 
-A module in COMMAND_MODULES exposes `add_commands(subparsers)`; every subcommand sets `func(args)`.
-Gin is parsed only by the commands that take `--gin_file` (see `celerity_jax.gin_config`).
+A module in COMMAND_MODULES exposes `add_commands(subparsers)`; every subcommand sets `func(args)`. The
+command modules import only the standard library at the top, so that `celerity --help` stays fast; each
+command imports what it runs. Shared options are in `options.py`. Gin is parsed only by the commands
+that take `--gin-file` (see `celerity_jax.gin_config`).
 """
 
 import argparse
@@ -10,18 +12,19 @@ import sys
 import traceback
 
 from celerity_jax import hostmem
+from celerity_jax.cli import options
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
-from celerity_jax.train.rundir import verbose_from_env
+from celerity_jax.train.logfile import verbose_from_env
 
 COMMAND_MODULES = (
-    "celerity_jax.model.commands",
-    "celerity_jax.recipe_cli",
-    "celerity_jax.data.cli",
-    "celerity_jax.collapse.commands",
-    "celerity_jax.train_cli",
-    "celerity_jax.demo",
-    "celerity_jax.sweep",
-    "celerity_jax.aot.commands",
+    "celerity_jax.cli.model",
+    "celerity_jax.cli.plan",
+    "celerity_jax.cli.data",
+    "celerity_jax.cli.collapse",
+    "celerity_jax.cli.train",
+    "celerity_jax.cli.demo",
+    "celerity_jax.cli.sweep",
+    "celerity_jax.cli.compile",
 )
 
 
@@ -43,6 +46,7 @@ def main(argv=None) -> int:
         return 130
     verbose = getattr(args, "verbose", False) or verbose_from_env()
     try:
+        options.check_required(args)
         return int(args.func(args) or 0)
     except ConfigError as e:
         message, code = f"error: {e}", 2

@@ -1,17 +1,17 @@
 """`celerity collapse {reference,predict,compare,fit}`: the collapse toolkit on curve files.
 
-A CURVE is a run directory, a TensorBoard event directory or a CSV (see loading.py and the README).
-Every input path is checked first, then every input is read and checked before anything is written;
-outputs are written atomically.
+A CURVE is a run directory, a TensorBoard event directory or a CSV (see collapse/files.py and
+collapse/README.md). Every input path is checked first, then every input is read and checked before
+anything is written; outputs are written atomically. The library is imported inside each command.
 """
 
 import dataclasses
 import datetime
-import json
 import math
 import os
 import sys
 
+from celerity_jax.cli import options
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, check_output_file
 
@@ -47,7 +47,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--curve", required=True, metavar="PARTIAL")
     p.add_argument("--total-steps", type=int, help="the run's total steps (else from plan.json/sidecar)")
     p.add_argument("--n-params", type=float, help="the run's N (else from plan.json/sidecar)")
-    p.add_argument("--json", action="store_true")
+    options.add_json_option(p, "the prediction")
     grid_options(p, window=True)
     p.set_defaults(func=cmd_predict)
 
@@ -55,7 +55,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("curves", nargs="+", metavar="CURVE")
     p.add_argument("--reference", help="REF.json[,REF2.json...]; else residuals against the family mean")
     p.add_argument("--out", required=True, help="figure path (.png)")
-    p.add_argument("--json", action="store_true")
+    options.add_json_option(p, "the table")
     grid_options(p, window=True)
     p.set_defaults(func=cmd_compare)
 
@@ -67,12 +67,9 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=cmd_fit)
 
 
-def _config(args, window: tuple[float, float] | None = None):
-    from celerity_jax.collapse.monitor import MonitorConfig
-    fields = {"n_bins": args.bins, "smooth_bins": args.smooth_bins, "offset": getattr(args, "offset", 0.0)}
-    if window is not None:
-        fields.update(align_window=window, min_align_span=min(0.05, window[1] - window[0]))
-    return MonitorConfig(**fields)
+def _grid(args):
+    from celerity_jax.collapse.config import CurveGrid
+    return CurveGrid(n_bins=args.bins, smooth_bins=args.smooth_bins, offset=getattr(args, "offset", 0.0))
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -85,10 +82,13 @@ def _window(text: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _check_out(path: str, inputs: list[str]) -> None:
+def _check_out(path: str | None, inputs: list[str], flag: str = "--out") -> None:
+    """An output path (None, or '-' for stdout, is none) that is not an input and can be written."""
+    if path in (None, "-"):
+        return
     if any(os.path.abspath(path) == os.path.abspath(i) for i in inputs):
-        raise ConfigError(f"--out {path} is one of the inputs; choose another output path")
-    check_output_file(path, "--out")
+        raise ConfigError(f"{flag} {path} is one of the inputs; choose another output path")
+    check_output_file(path, flag)
 
 
 def _check_figure_format(path: str) -> None:
@@ -101,7 +101,7 @@ def _check_figure_format(path: str) -> None:
 
 
 def _check_curves(paths: list[str], flag: str = "CURVE") -> None:
-    from celerity_jax.collapse.loading import check_curve_path
+    from celerity_jax.collapse.files import check_curve_path
     for path in paths:
         check_curve_path(path, flag)
 
@@ -120,34 +120,35 @@ def _provenance() -> dict:
 
 
 def cmd_reference(args) -> int:
-    from celerity_jax.collapse import loading, reference, surrogate
-    cfg = _config(args)
+    from celerity_jax.collapse import files, reference
+    from celerity_jax.collapse.controls import Controls
+    grid = _grid(args)
     _check_out(args.out, args.curves + [args.surrogate or ""])
     _check_curves(args.curves)
     if args.surrogate:
         if args.curves:
             raise ConfigError("give either CURVEs or --surrogate, not both")
-        controls = loading.Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac)
-        path = surrogate.surrogate_path(args.surrogate)
+        controls = Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac)
+        path = files.surrogate_path(args.surrogate)
         check_input_file(path, "--surrogate")
-        ref = reference.reference_from_surrogate(surrogate.load_surrogate(path), controls, cfg.n_bins, path)
-        for note in surrogate.fit_range_notes(path, controls.tau, controls.tpp):
+        ref = reference.reference_from_surrogate(files.load_surrogate(path), controls, grid.n_bins, path)
+        for note in files.fit_range_notes(path, controls.tau, controls.tpp):
             print(f"note: {note}")
     else:
         if not args.curves:
             raise ConfigError("give the finished CURVEs (seeds of one size) or --surrogate")
-        runs = [loading.load_curve(c) for c in args.curves]
-        ref = reference.reference_from_curves(runs, cfg.n_bins, cfg.smooth_bins, cfg.offset, args.force)
-    reference.save_reference(ref, args.out)
+        runs = [files.load_curve(c) for c in args.curves]
+        ref = reference.reference_from_curves(runs, grid.n_bins, grid.smooth_bins, grid.offset, args.force)
+    files.save_reference(ref, args.out)
     print(f"wrote {args.out}: {ref.provenance['kind']}, controls {ref.controls.to_dict()}")
     return 0
 
 
 def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
     """Early-align of `run` against the references (family-aware when they span sizes)."""
-    from celerity_jax.collapse import curves, monitor
+    from celerity_jax.collapse import curves, monitor, reference
 
-    reference_G, notes = monitor.monitor_reference(paths, cfg, run.controls, run.source, force)
+    reference_G, notes = reference.reference_on_grid(paths, cfg, run.controls, run.source, force)
     state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins)))
     metrics = {k: float(v) for k, v in monitor.monitor_metrics(state, reference_G, cfg).items()}
     if math.isnan(metrics["collapse/pred_final_loss"]):
@@ -162,21 +163,22 @@ def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
 
 
 def cmd_predict(args) -> int:
-    from celerity_jax.collapse import loading, reference
+    from celerity_jax.collapse import files, reference
+    from celerity_jax.collapse.config import replay_config
 
     window = _window(args.window)
-    cfg = _config(args, window)
+    cfg = replay_config(_grid(args), window)
     paths = _reference_paths(args.reference)
     _check_curves([args.curve], "--curve")
-    run = loading.load_curve(args.curve, args.total_steps)
+    _check_out(args.json, paths + [args.curve], "--json")
+    run = files.load_curve(args.curve, args.total_steps)
     if run.total_from == "last step":
         raise ConfigError(f"{run.source}: the run's total steps are unknown (no plan.json, sidecar or frac "
                           "column); pass --total-steps")
     if args.n_params:
         run = dataclasses.replace(run, controls=dataclasses.replace(run.controls, n_params=args.n_params))
     result = _prediction(run, paths, cfg, args.force)
-    sizes = {p: reference.load_reference(p).controls.n_params for p in paths}
-    family = run.controls.n_params is not None and None not in sizes.values() and len(set(sizes.values())) > 1
+    family = run.controls.n_params is not None and reference.spans_sizes(paths)
     out = {"curve": run.source, "step": int(run.step_T[-1]), "total_steps": run.total_steps,
            "observed_frac": float(run.frac_T[-1]), "window": [window[0], min(window[1], float(run.frac_T[-1]))],
            "method": "family-aware" if family else "single reference",
@@ -187,12 +189,11 @@ def cmd_predict(args) -> int:
            "normalized_loss_now": result["normalized_loss"], "residual_now": result["residual"],
            "alert_now": result["alert"], "notes": result["notes"]}
     if family:
-        nearest = min(paths, key=lambda p: abs(math.log(sizes[p] / run.controls.n_params)))
+        nearest = reference.nearest(paths, run.controls.n_params)
         single = _prediction(run, [nearest], cfg, args.force)
         out["single_reference"] = {"reference": nearest, "pred_final_loss": single["pred_final_loss"],
                                    "pred_final_loss_err": single["pred_final_loss_err"]}
-    if args.json:
-        print(json.dumps(out, indent=1))
+    if options.emit_json(args.json, out):
         return 0
     print(f"curve {run.source}: step {out['step']} of {run.total_steps} (t̂ = {out['observed_frac']:.3f})")
     print(f"aligned over t̂ in [{out['window'][0]:.3g}, {out['window'][1]:.3g}] to {out['method']} "
@@ -211,21 +212,21 @@ def cmd_predict(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from celerity_jax.collapse import compare, loading
+    from celerity_jax.collapse import compare, files
 
     window = _window(args.window)
-    cfg = _config(args, window)
+    grid = _grid(args)
     _check_out(args.out, args.curves)
     _check_figure_format(args.out)
     references = _reference_paths(args.reference)
     _check_curves(args.curves)
-    runs = [loading.load_curve(c) for c in args.curves]
-    fam = compare.compare_family(runs, cfg.n_bins, cfg.smooth_bins, cfg.offset, references, window, args.force)
+    _check_out(args.json, args.curves + references + [args.out], "--json")
+    runs = [files.load_curve(c) for c in args.curves]
+    fam = compare.compare_family(runs, grid.n_bins, grid.smooth_bins, grid.offset, references, window, args.force)
     compare.plot_families({"": fam}, args.out)
     table = {"rows": fam.rows, "residuals_against": fam.baseline, "quality": fam.quality,
              "quality_range": list(compare.QUALITY_RANGE), "figure": args.out, "notes": fam.notes}
-    if args.json:
-        print(json.dumps(table, indent=1))
+    if options.emit_json(args.json, table):
         return 0
     print(f"{'curve':40s} {'N':>9s} {'final':>8s} {'MAE':>8s} {'max|r|':>8s} {'alert at':>8s}")
     for row in fam.rows:
@@ -245,16 +246,16 @@ def cmd_compare(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from celerity_jax.collapse import loading, reference, surrogate
+    from celerity_jax.collapse import files, surrogate
 
-    cfg = _config(args)
+    grid = _grid(args)
     _check_out(args.out, args.curves)
     _check_curves(args.curves)
-    runs = [loading.load_curve(c) for c in args.curves]
-    inputs = reference.surrogate_inputs(runs, cfg.n_bins, cfg.smooth_bins)
+    runs = [files.load_curve(c) for c in args.curves]
+    inputs = surrogate.surrogate_inputs(runs, grid.n_bins, grid.smooth_bins)
     info, tau_C, tpp_C = inputs.info, inputs.tau_C, inputs.tpp_C
     fit = surrogate.fit_surrogate(*inputs.arrays())
-    surrogate.save_surrogate(fit, info, (0.2, 1.0), _provenance(), args.out)
+    files.save_surrogate(fit, info, (0.2, 1.0), _provenance(), args.out)
     k = fit.constants
     print(f"b = {k.b_c:.4g}·τ^{k.b_e:.3f}   q = {k.q_c:.4g}·TPP^{k.q_e:.3f}")
     for row, mae in zip(info, fit.mae_C):

@@ -23,10 +23,10 @@ def add_commands(subparsers) -> None:
                    help="new or empty output folder (local or gs://); a local one appears only once complete")
     p.add_argument("--chunk-tokens", type=int, default=4096, help="tokens per record")
     p.add_argument("--shard-records", type=int, default=16384, help="records per shard file")
-    p.set_defaults(func=_prepare_data)
+    p.set_defaults(func=prepare_data_command)
 
 
-def _prepare_data(args: argparse.Namespace) -> int:
+def prepare_data_command(args: argparse.Namespace) -> int:
     from celerity_jax.data.arrayrecord import prepare
     from celerity_jax.data.config import DataConfig
 

@@ -1,0 +1,52 @@
+"""The compile report as text, and the checks `celerity compile` makes before it compiles anything."""
+
+import os
+
+from celerity_jax.aot.memory import fix_hint
+from celerity_jax.errors import ConfigError
+
+
+def check_writable(directory: str, what: str) -> None:
+    """ConfigError unless `directory` is (or can be made) a writable directory."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot create {directory!r} ({e.strerror}); pass a writable path") from None
+    if not os.access(directory, os.W_OK):
+        raise ConfigError(f"{what}: {directory!r} is not writable; pass a writable path")
+
+
+def nothing_fits(tried: list[dict]) -> str:
+    """Why a search found no setting, and what to change."""
+    if tried and all("does not split" in r.get("skipped", "") for r in tried):
+        return (f"{tried[0]['skipped']} (nor over any other mesh of this slice): choose a slice whose chip count "
+                "divides the batch, or change RecipeConfig.batch_seqs")
+    return "no setting tried fits with 10% headroom: try a larger slice (or a shorter RecipeConfig.seq_len)"
+
+
+def format_report(report: dict) -> str:
+    """A compile report (`aot.compile.compile_report`, or a search's best) as aligned lines."""
+    if "mesh_shape" not in report:
+        return f"nothing fits: {report['error']}"
+    lines = [f"setting   mesh (data, fsdp, tensor) {tuple(report['mesh_shape'])}, {report['microbatches']} microbatches, "
+             f"remat {report['remat']}, scan_layers {report['scan_layers']}, {report['compute_dtype']}, "
+             f"attention {report['attention_impl']}, "
+             + (f"loss in chunks of {report['logits_chunk_len']} positions"
+                if report["logits_chunk_len"] < report["seq_len"] else "whole logits")]
+    gb = report["bytes_per_chip"] / 1e9 if report["bytes_per_chip"] else float("nan")
+    verdict = (f"fits, {report['headroom']:.0%} headroom" if report["fits"] else
+               f"DOES NOT FIT ({report['error'] or 'over the chip memory'})")
+    lines.append(f"memory    {gb:.1f} GB per chip of {report['usable_bytes_per_chip'] / 1e9:.1f} GB usable: {verdict}")
+    lines.append(f"compile   {report['compile_seconds']:.1f} s")
+    if report.get("est_step_seconds"):
+        lines.append(f"estimate* {report['est_step_seconds']:.3f} s/step, {report['est_tokens_per_sec']:,.0f} tokens/s, "
+                     f"MFU {report['est_mfu']:.1%}; the plan's {report['steps']:,} steps: {report['est_days']:.2f} days, "
+                     f"{report['est_chip_hours']:,.0f} chip-hours")
+        lines.append(f"          XLA FLOPs / model FLOPs = {report['xla_flops_per_step'] / report['model_flops_per_step']:.2f}")
+    lines.append(f"*         {report['estimate_note']}")
+    if report["fits"]:
+        lines.append("gin       " + " ".join(f'--gin-param "{p}"' for p in report["gin_params"]))
+    else:
+        data_shards = report["mesh_shape"][0] * report["mesh_shape"][1]
+        lines.append("fix       " + fix_hint(report["microbatches"], report["batch_seqs"], data_shards, report["remat"]))
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+import sys
+
+from celerity_jax.cli import main
+
+sys.exit(main())

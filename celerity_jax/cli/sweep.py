@@ -1,0 +1,63 @@
+"""`celerity sweep`: a hyperparameter sweep of one model, stopped early by predicting final losses.
+
+For every value of one swept gin binding (`--sweep 'RecipeConfig.tau=0.2,0.4,0.8'`) the sweep needs
+reference normalized curves with the same collapse controls (TPP, τ, schedule; docs/science.md §6). It
+trains them on smaller models (`--reference-model`, cheap; once per setting, since τ is a control, or once
+for all settings with `--shared-references` when the swept binding leaves the controls alone, e.g. the
+batch at fixed τ), or takes them as files (`--reference`, `--reference-for`). It trains the target model
+of every setting, predicts each setting's final loss at every checkpoint fraction by early-align
+against its references (family-aware across reference sizes) and ranks the settings. With `--stop-at F
+--keep K` only the K best by the prediction at F train past F; the others keep a checkpoint at F, so a
+rerun with a larger `--keep` (or without `--stop-at`) finishes them. Rerunning a command resumes it.
+The library is `celerity_jax/sweep/` (its workdir layout: runner.py).
+"""
+
+import os
+
+from celerity_jax.cli import options
+from celerity_jax.sweep.spec import METHODS  # spec.py imports only the standard library and errors.py
+
+
+def add_commands(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="sweep one gin binding on a model; predict final losses early "
+                                            "from smaller reference models and stop the losers")
+    p.add_argument("--model", required=True, help="gin file of the swept (target) model size, e.g. "
+                                                  "experiments/tiny/d80.gin")
+    p.add_argument("--sweep", required=True, metavar="BINDING=V1,V2,...",
+                   help="the swept binding and its values, e.g. 'RecipeConfig.tau=0.2,0.4,0.8'")
+    options.add_gin_options(p, required=False, file_help="gin file layered after each run's size file (every "
+                                                         "run of the sweep); repeatable")
+    p.add_argument("--reference-model", action="append", default=[], metavar="GIN",
+                   help="gin file of a smaller size trained as reference (per setting); repeatable")
+    p.add_argument("--shared-references", action="store_true",
+                   help="train the --reference-model runs once, without the swept binding (only when it "
+                        "leaves TPP, τ and schedule alone)")
+    p.add_argument("--reference", default="", metavar="PATH[,PATH...]",
+                   help="reference JSONs or finished CURVEs used for every setting")
+    p.add_argument("--reference-for", action="append", default=[], metavar="VALUE=PATH[,PATH...]",
+                   help="the references of one setting; repeatable")
+    p.add_argument("--fractions", default="0.1,0.2,0.3", metavar="F1,F2,...", help="fractions of training to predict at")
+    p.add_argument("--stop-at", type=float, metavar="F", help="train every setting to this fraction, then only the --keep best")
+    p.add_argument("--keep", type=int, default=1, metavar="K", help="settings trained past --stop-at (also the what-if "
+                                                       "decisions of the summary)")
+    p.add_argument("--method", choices=METHODS, default="auto",
+                   help="family: the family-aware curve of all references at the target's N; nearest: the "
+                        "reference nearest in log N; auto: family when the references span sizes")
+    p.add_argument("--align-start", type=float, default=0.5, metavar="A",
+                   help="at fraction f, early-align over t̂ in [A·f, f]")
+    options.add_workdir_options(p, workdir_help="the sweep's directory: its summary and a run directory per "
+                                                "run (created, or resumed)")
+    p.add_argument("--force", action="store_true", help="accept references whose controls differ")
+    p.set_defaults(func=sweep_command)
+
+
+def sweep_command(args) -> int:
+    from celerity_jax.sweep import report, runner, spec
+    from celerity_jax.train import lock
+
+    sweep_spec = spec.spec_from_args(args)
+    with lock.locked(sweep_spec.workdir):
+        summary = runner.run_sweep(sweep_spec)
+    print("\n" + report.render_markdown(summary))
+    print(f"wrote {os.path.join(args.workdir, 'sweep.json')} and {os.path.join(args.workdir, 'sweep.md')}")
+    return 0

@@ -1,0 +1,6 @@
+"""`celerity sweep`: a hyperparameter sweep of one model, stopped early by predicting final losses.
+
+spec.py: what a sweep is (SweepSpec, Setting) and its checks; runner.py: planning its runs, training them
+(through `celerity_jax.run`) and predicting each setting's final loss; report.py: the summary (sweep.json),
+rankings, decisions and sweep.md. The command line is `celerity_jax/cli/sweep.py`.
+"""

@@ -1,0 +1,180 @@
+"""Runs a sweep: plans every run (and checks them all before anything trains), trains references and
+targets through `celerity_jax.run` (to --stop-at, then only the kept settings to the end), and predicts
+each setting's final loss at every fraction by early-align against its references.
+
+Workdir layout:
+    sweep.json, sweep.md               the summary (report.py), rewritten at the end of every invocation
+    <setting>/<size>/                  a run directory (the target and each trained reference)
+    <setting>/<size>.reference.json    the reference curve of a trained or given reference run
+    shared/...                         the same, once for every setting (--shared-references)
+"""
+
+import dataclasses
+import math
+import os
+
+from celerity_jax.collapse import controls, curves, files, reference
+from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic, write_text_atomic
+from celerity_jax.run import Run, RunSpec, load as load_run
+from celerity_jax.sweep import report
+from celerity_jax.sweep.spec import Setting, SweepSpec, check_spec, size_name
+
+REFERENCE_SUFFIX = ".reference.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SettingRuns:
+    setting: Setting
+    target: Run                  # named by its label, e.g. "tau_0.2/d80"
+    references: tuple[Run, ...]  # trained references (possibly shared with other settings)
+    given: tuple[str, ...]       # given reference paths (JSON or CURVE)
+    reference_dir: str           # where its reference JSONs go
+
+
+def plan_sweep(spec: SweepSpec) -> list[SettingRuns]:
+    """Parses every run's gin and checks the whole sweep before anything trains."""
+    check_spec(spec)
+
+    def run_of(directory: str, model: str, params: tuple[str, ...]) -> Run:
+        label = f"{directory}/{size_name(model)}"
+        return load_run(RunSpec(os.path.join(spec.workdir, label), (model, *spec.gin_files), params, name=label))
+
+    shared = tuple(run_of("shared", m, spec.gin_params) for m in spec.reference_models) \
+        if spec.shared_references else ()
+    out = []
+    for s in spec.settings:
+        params = (*spec.gin_params, s.binding)
+        target = run_of(s.name, spec.model, params)
+        refs = shared or tuple(run_of(s.name, m, params) for m in spec.reference_models)
+        given = dict(spec.references_for).get(s.value, spec.references)
+        ref_dir = os.path.join(spec.workdir, "shared" if shared else s.name)
+        out.append(SettingRuns(s, target, refs, given, ref_dir))
+    _check_controls(spec, out)
+    for a, b in zip(out, out[1:]):
+        if a.target.identity == b.target.identity:
+            raise ConfigError(f"the settings {a.setting.binding!r} and {b.setting.binding!r} give the same run; "
+                              "is the swept binding overridden or unused?")
+    return out
+
+
+def _check_controls(spec: SweepSpec, setting_runs: list[SettingRuns]) -> None:
+    """Refuses, before any training, references whose TPP, τ or schedule differ from the target's."""
+    for sr in setting_runs:
+        target = sr.target.controls
+        for ref in sr.references:
+            problems = ref.controls.mismatches(target)
+            if problems and not spec.force:
+                raise ConfigError(
+                    f"{ref.name} would not be a reference for {sr.target.name}: {', '.join(problems)} "
+                    "(reference vs target). A normalized curve depends on TPP, τ and the schedule: sweep a "
+                    "binding that keeps them equal across sizes (RecipeConfig.tau rather than weight_decay), "
+                    "drop --shared-references when the swept binding is a control, or pass --force")
+        refs = [files.load_reference(p) for p in sr.given if p.endswith(".json")]
+        if refs:
+            controls.check_controls(refs, target, sr.target.name, spec.force)
+        for path in (p for p in sr.given if not p.endswith(".json")):
+            curve = files.load_curve(path)
+            if not curve.finished:
+                raise ConfigError(f"{path}: a reference run must be finished (it stops at step "
+                                  f"{int(curve.step_T[-1])} of {curve.total_steps})")
+            problems = curve.controls.mismatches(target)
+            if problems and not spec.force:
+                raise ConfigError(f"{path} would not be a reference for {sr.target.name}: {', '.join(problems)} "
+                                  "(reference vs target); give a reference trained with the same TPP, τ and "
+                                  "schedule, or pass --force")
+
+
+def stop_step(plan, frac: float) -> int:
+    """The last step whose t̂ is at most `frac` (at least 1)."""
+    return max(1, math.floor(frac * plan.steps + 1e-9))
+
+
+def reference_paths(sr: SettingRuns, force: bool) -> list[str]:
+    """Reference JSONs of a setting: built from its trained (or given CURVE) references, or given."""
+    grid = sr.target.configs.monitor.grid
+    os.makedirs(sr.reference_dir, exist_ok=True)
+
+    def build(curve_path: str, path: str) -> str:
+        ref = reference.reference_from_curves([files.load_curve(curve_path)], grid.n_bins, grid.smooth_bins,
+                                              grid.offset, force)
+        files.save_reference(ref, path)
+        return path
+
+    paths = [build(r.workdir, os.path.join(sr.reference_dir, size_name(r.workdir) + REFERENCE_SUFFIX))
+             for r in sr.references]
+    for i, given in enumerate(sr.given):
+        paths.append(given if given.endswith(".json") else
+                     build(given, os.path.join(sr.reference_dir, f"given-{i}{REFERENCE_SUFFIX}")))
+    return paths
+
+
+def predict(curve, reference_G, frac: float, align_start: float, offset: float) -> dict | None:
+    """Early-align of the curve's steps up to t̂ = `frac` over [align_start·frac, frac]: the predicted
+    final loss and its 1σ error, or None when the curve has not reached `frac`."""
+    if curve.step_T[-1] < math.floor(frac * curve.total_steps + 1e-9):
+        return None
+    seen_T = curve.frac_T <= frac + 1e-9
+    sum_G, count_G = curves.bin_curve(curve.frac_T[seen_T], curve.loss_T[seen_T], reference_G.shape[0])
+    align = curves.early_align(sum_G, count_G, reference_G, (align_start * frac, frac), offset)
+    if not math.isfinite(float(align.final)):
+        return None
+    return {"pred": float(align.final), "err": float(align.final_err)}
+
+
+def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) -> dict:
+    """{"method", "notes", "family"/"nearest": {fraction: prediction}} for one setting's target."""
+    grid = sr.target.configs.monitor.grid
+    curve = files.load_curve(sr.target.workdir)
+    spans = reference.spans_sizes(ref_paths)
+    nearest = reference.nearest(ref_paths, sr.target.plan.n_params)
+    method = ("family" if spans else "nearest") if spec.method == "auto" else spec.method
+    candidates = {"family": ref_paths, "nearest": [nearest]} if spans else {"nearest": ref_paths}
+    out = {"method": method if method in candidates else "nearest", "references": ref_paths,
+           "nearest_reference": nearest, "notes": []}
+    for name, paths in candidates.items():
+        reference_G, notes = reference.reference_on_grid(paths, grid, curve.controls, sr.target.name, spec.force)
+        out["notes"] += [n for n in notes if n not in out["notes"]]
+        out[name] = {str(f): predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
+    return out
+
+
+def run_sweep(spec: SweepSpec, train_fn=None, log=print) -> dict:
+    """Trains references, then targets (to --stop-at, then the kept ones to the end), predicts, ranks,
+    and writes sweep.json and sweep.md. `train_fn` defaults to the trainer (see `Run.train_to`)."""
+    setting_runs = plan_sweep(spec)
+    os.makedirs(spec.workdir, exist_ok=True)
+
+    def train(run: Run, until: int | None = None) -> None:
+        run.train_to(until, force_new=spec.force_new, log=log, train_fn=train_fn)
+
+    references = {r.name: r for sr in setting_runs for r in sr.references}
+    for run in references.values():
+        train(run)
+    ref_paths = {sr.setting.name: reference_paths(sr, spec.force) for sr in setting_runs}
+    for sr in setting_runs:
+        train(sr.target, None if spec.stop_at is None else stop_step(sr.target.plan, spec.stop_at))
+
+    def predictions() -> dict[str, dict]:
+        return {sr.setting.name: setting_predictions(sr, ref_paths[sr.setting.name], spec) for sr in setting_runs}
+
+    predicted, stopped = predictions(), None
+    if spec.stop_at is not None:
+        kept = report.decide({name: p[p["method"]][str(spec.stop_at)] for name, p in predicted.items()}, spec.keep)
+        if kept is None:
+            raise ConfigError(f"no prediction at t̂ = {spec.stop_at} for every setting (alignment window empty?); "
+                              "lower --align-start or raise --stop-at")
+        log(f"\nat t̂ = {spec.stop_at:g} the predicted best: {', '.join(kept)}; training only "
+            f"{'it' if len(kept) == 1 else 'them'} to the end")
+        for sr in setting_runs:
+            if sr.setting.name in kept:
+                train(sr.target)
+        stopped = [sr.setting.name for sr in setting_runs if sr.setting.name not in kept and not sr.target.finished()]
+        predicted = predictions()
+    runs = [*references.values(), *(sr.target for sr in setting_runs)]
+    done = {r.name: r.steps_done() for sr in setting_runs for r in (sr.target, *sr.references)}
+    summary = report.summarize(spec, setting_runs, predicted, done, {r.name: r.train_seconds() for r in runs},
+                               stopped)
+    write_json_atomic(os.path.join(spec.workdir, "sweep.json"), summary)
+    write_text_atomic(os.path.join(spec.workdir, "sweep.md"), report.render_markdown(summary))
+    return summary

@@ -1,0 +1,82 @@
+"""A log step: the metrics of the steps since the previous one, into curve.csv, TensorBoard and the console.
+
+The loop records one every TrainConfig.log_every steps, at evals, at checkpoints and at its last step;
+benchmarks/train_throughput.py times the same `StepLog.record`, so that it measures what the trainer does.
+"""
+
+import math
+import time
+
+import jax
+import numpy as np
+
+from celerity_jax.accelerators import peak_flops_per_device
+from celerity_jax.collapse import curves, monitor as monitor_lib
+from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
+
+# Console name -> metric, shown when finite.
+CONSOLE_METRICS = {"loss": "train/loss_smooth", "eval": "eval/loss", "lr": "opt/lr",
+                   "residual": "collapse/residual", "tok/s": "perf/tokens_per_sec"}
+
+
+def peak_flops(peak_flops_per_sec: float) -> float:
+    """The machine's peak FLOP/s for perf/mfu: TrainConfig.peak_flops_per_sec (0: looked up) times the devices."""
+    return peak_flops_per_device(jax.devices()[0].device_kind, peak_flops_per_sec) * jax.device_count()
+
+
+def perf_metrics(plan, step_time: float, peak: float) -> dict[str, float]:
+    """Throughput over a log interval (the train step is compiled before the first; the eval step at its first use)."""
+    flops_per_step = plan.flops_per_token * plan.batch_tokens
+    out = {"perf/step_time": step_time, "perf/tokens_per_sec": plan.batch_tokens / step_time,
+           "perf/model_flops_per_sec": flops_per_step / step_time}
+    if peak:
+        out["perf/mfu"] = flops_per_step / step_time / peak
+    return out
+
+
+def _write_log_step(tb: TensorBoardWriter, curve: CurveCSV, plan, step: int, losses: np.ndarray,
+                   values: dict[str, float]) -> None:
+    """Writes the steps since the last log (losses[-1] is `step`'s) to curve.csv and TensorBoard, and the
+    log step's metrics."""
+    first = step - len(losses) + 1
+    curve.append([(first + i, (first + i) * plan.batch_tokens, (first + i) / plan.steps, loss)
+                  for i, loss in enumerate(losses)])
+    for i, loss in enumerate(losses[:-1]):
+        tb.scalars(first + i, {"train/loss": loss})
+    tb.scalars(step, values)
+    tb.flush()
+
+
+class StepLog:
+    """Records log steps from `start_step` on. Without writers (`tb`, `curve` None: a process other than 0)
+    it computes the same metrics (evals and collapse metrics run on every process) and writes nothing."""
+
+    def __init__(self, plan, monitor_cfg, *, tb: TensorBoardWriter | None, curve: CurveCSV | None,
+                 progress: Progress, loss_ema_decay: float, peak: float, start_step: int, reference_G=None,
+                 eval_step=None, eval_batches=()):
+        self.plan, self.monitor_cfg, self.tb, self.curve, self.progress = plan, monitor_cfg, tb, curve, progress
+        self.reference_G, self.eval_step, self.eval_batches, self.peak = reference_G, eval_step, eval_batches, peak
+        self.loss_ema_decay, self._loss_ema_carry = loss_ema_decay, (0.0, 0.0)  # train/loss_smooth
+        self._time, self._step = time.time(), start_step  # of the previous log step
+
+    def record(self, step: int, state, metrics: dict, pending: list, evaluate: bool = False) -> dict[str, float]:
+        """Logs `step`, whose metrics are `metrics`; `pending` holds the losses of the steps since the previous
+        log step (the last one is `step`'s). With `evaluate`, the eval loss too. Returns the logged values."""
+        losses = np.asarray(jax.device_get(pending), np.float64)
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        ema_T, self._loss_ema_carry = curves.loss_ema(losses, self.loss_ema_decay, self._loss_ema_carry)
+        values["train/loss_smooth"] = float(ema_T[-1])
+        values["progress/frac"] = step / self.plan.steps
+        values.update(perf_metrics(self.plan, (time.time() - self._time) / (step - self._step), self.peak))
+        if self.reference_G is not None:
+            collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, self.reference_G,
+                                                                  self.monitor_cfg))
+            values.update({k: float(v) for k, v in collapse.items()})
+        if evaluate:
+            values["eval/loss"] = float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+        if self.tb is not None:
+            _write_log_step(self.tb, self.curve, self.plan, step, losses, values)
+        self.progress.update(step, {name: values[k] for name, k in CONSOLE_METRICS.items()
+                                    if math.isfinite(values.get(k, math.nan))})
+        self._time, self._step = time.time(), step
+        return values

@@ -1,0 +1,60 @@
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+from celerity_jax.collapse import files
+from celerity_jax.collapse.controls import Controls, check_controls, controls_from_mapping
+from celerity_jax.errors import ConfigError
+
+CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
+
+
+def test_controls_from_a_plan():
+    plan = types.SimpleNamespace(n_params=2e5, tpp=20.0, tau=0.3, schedule="cosine", warmup_steps=25, steps=500)
+    assert Controls.from_plan(plan) == Controls(2e5, 20.0, 0.3, "cosine", 0.05)
+
+
+def test_controls_compare_collapse_fields_only():
+    a = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z")
+    assert a.mismatches(Controls(n_params=1e9, tpp=20.5, tau=0.17, schedule="d2z")) == []
+    assert a.mismatches(Controls(tpp=40.0, tau=0.1, schedule="cosine")) == [
+        "tpp 20 vs 40", "tau 0.17 vs 0.1", "schedule 'd2z' vs 'cosine'"]
+    assert a.unknown(Controls(tau=0.17)) == ["tpp", "schedule"]
+
+
+def test_controls_from_mapping_reads_by_key():
+    plan = {"n_params": 1.0e5, "tokens": 2.0e6, "steps": 100, "tau": 0.17, "schedule": {"name": "cosine"},
+            "warmup_steps": 10, "batch_tokens": 20000}
+    assert controls_from_mapping(plan, "p") == (Controls(1e5, 20.0, 0.17, "cosine", 0.1), 100)
+    assert controls_from_mapping({"total_steps": 7.0, "steps": 9}, "p") == (Controls(), 7)
+    with pytest.raises(ConfigError, match=r"p: 'steps' = 2.5 is not a whole number >= 0; fix that field"):
+        controls_from_mapping({"steps": 2.5}, "p")
+    with pytest.raises(ConfigError, match=r"p: 'schedule' = 3 is not a schedule name"):
+        controls_from_mapping({"schedule": 3}, "p")
+
+
+def test_controls_must_be_an_object():
+    with pytest.raises(ConfigError, match="ref.json: the controls are an array, not a JSON object; rebuild it"):
+        controls_from_mapping([], "ref.json", "rebuild it")
+
+
+def _ref(name: str, controls: Controls, offset: float = 0.0) -> files.Reference:
+    frac_G = (np.arange(10) + 0.5) / 10
+    return files.Reference(frac_G, 2.0 - frac_G, None, controls, offset, 3.0, {}, name)
+
+
+def test_check_controls_refuses_mismatches_unless_forced():
+    refs = [_ref("a.json", CONTROLS), _ref("b.json", dataclasses.replace(CONTROLS, n_params=4e5))]
+    assert check_controls(refs, dataclasses.replace(CONTROLS, n_params=1e6), "run") == []
+    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*--force"):
+        check_controls(refs, dataclasses.replace(CONTROLS, tpp=80.0), "run")
+    notes = check_controls(refs, dataclasses.replace(CONTROLS, schedule="cosine"), "run", force=True)
+    assert any("forced" in n and "schedule" in n for n in notes)
+    assert any("not checked" in n for n in check_controls(refs, Controls(), "run"))
+    with pytest.raises(ConfigError, match="offset L0 0 vs 1"):
+        check_controls(refs, CONTROLS, "run", offset=1.0)
+    odd = _ref("c.json", dataclasses.replace(CONTROLS, tau=0.5))
+    with pytest.raises(ConfigError, match="between|vs .*a.json"):
+        check_controls([refs[0], odd], Controls(), "run")

@@ -12,7 +12,7 @@ import time
 
 from celerity_jax import gin_config, recipe
 from celerity_jax.collapse.controls import Controls
-from celerity_jax.collapse.files import CURVE_CSV, load_curve
+from celerity_jax.collapse.files import load_curve
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.train import rundir
@@ -57,7 +57,7 @@ class Run:
     def steps_done(self) -> int:
         """The last step in the run's curve.csv (0 if none). A workdir that holds a different run is refused."""
         rundir.check_workdir(self.workdir, self.identity, force_new=False)
-        path = os.path.join(self.workdir, CURVE_CSV)
+        path = os.path.join(self.workdir, rundir.CURVE_CSV)
         if not os.path.isfile(path):
             return 0
         with open(path) as f:

@@ -25,9 +25,8 @@ from celerity_jax.collapse import surrogate
 from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, Controls, controls_from_mapping
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, write_json_atomic
+from celerity_jax.train.rundir import CURVE_CSV, PLAN_JSON  # the run directory's file names
 
-CURVE_CSV = "curve.csv"
-PLAN_JSON = "plan.json"
 LOSS_TAG = "train/loss"
 FRAC_TAG = "progress/frac"
 CURVE_KINDS = "a run directory, a TensorBoard event directory or a curve .csv file"

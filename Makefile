@@ -2,7 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The tests also compile for TPU slices, which needs libtpu (the `tpu` extra, about 700 MB).
+# The tests also compile for TPU slices, which needs libtpu (the `tpu` extra, about 700 MB), and run the
+# Beam pipeline of prepare-data (the `beam` extra).
 TEST_STAMP := $(VENV)/.installed-tpu
 
 .PHONY: demo test test-slow install clean
@@ -16,7 +17,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,tpu]'
+	$(BIN)/pip install -q -e '.[test,tpu,beam]'
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

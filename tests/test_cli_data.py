@@ -4,18 +4,22 @@ import os
 from celerity_jax import cli
 
 
-def test_prepare_data_writes_shards_and_says_how_to_train_on_them(tmp_path, capsys):
+def test_prepare_data_writes_shards_and_says_how_to_train_on_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths: the hash split of "a.jsonl:N" is the same in every run
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"body": f"record {i} " * 20}) + "\n" for i in range(30)))
-    out = tmp_path / "shards"
-    assert cli.main(["prepare-data", "--input", str(tmp_path / "a.jsonl"), "--text-field", "body",
-                     "--out", str(out), "--chunk-tokens", "256"]) == 0
-    printed = capsys.readouterr().out
-    summary = json.loads(printed.splitlines()[1])
-    with open(out / "meta.json") as f:
-        meta = json.load(f)
-    assert summary["splits"]["train"]["tokens"] == meta["splits"]["train"]["tokens"] > 0
-    assert meta["chunk_tokens"] == 256 and meta["source"]["text_field"] == "body"
-    assert f"DataConfig.paths = ['{out}']" in printed
+    out = "shards"
+    assert cli.main(["prepare-data", "--input", "a.jsonl", "--text-column", "body", "--out", out,
+                     "--chunk-tokens", "256", "--workers", "1"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("prepare-data: ") and "tokens/s), 1/1 files" in printed[0]
+    assert printed[1] == "prepare-data: 1 files, 29 train / 1 val documents"
+    summary = json.loads(printed[2])
+    with open(os.path.join(out, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert summary["splits"]["train"]["tokens"] == manifest["splits"]["train"]["tokens"] > 0
+    assert manifest["chunk_tokens"] == 256 and manifest["settings"]["text_column"] == "body"
+    assert printed[3] == (f"train with DataConfig.source = 'arrayrecord', DataConfig.paths = ['{out}'] and "
+                          "DataConfig.tokenizer = 'byte'")
 
 
 def test_prepare_data_reports_bad_input_without_a_traceback(tmp_path, capsys):
@@ -46,10 +50,17 @@ def test_failed_prepare_data_leaves_nothing_and_can_be_rerun(tmp_path, capsys):
     (docs / "b.txt").write_bytes(b"\x00\x01 binary")
     (docs / "one.txt").write_text("a single document " * 20)
     out = tmp_path / "shards"
-    code, err = _prepare(capsys, "--input", str(docs / "a.jsonl"), str(docs / "b.txt"), "--on-bad-file", "fail",
+    code, err = _prepare(capsys, "--input", str(docs / "a.jsonl"), str(docs / "b.txt"), "--on-bad-record", "fail",
                          "--out", str(out))
     assert code == 2 and "b.txt: binary" in err and os.listdir(tmp_path) == ["docs"]
     code, err = _prepare(capsys, "--input", str(docs / "one.txt"), "--val-fraction", "0.999999", "--out", str(out))
     assert code == 2 and "every document fell into the validation split" in err and os.listdir(tmp_path) == ["docs"]
     code, _ = _prepare(capsys, "--input", str(docs / "a.jsonl"), "--out", str(out))
-    assert code == 0 and (out / "meta.json").exists() and sorted(os.listdir(tmp_path)) == ["docs", "shards"]
+    assert code == 0 and (out / "manifest.json").exists() and sorted(os.listdir(tmp_path)) == ["docs", "shards"]
+
+
+def test_beam_options_need_the_beam_runner(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    code, err = _prepare(capsys, "--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--",
+                         "--runner=DirectRunner")
+    assert code == 2 and "Beam options ['--runner=DirectRunner'] were given but --runner is 'local'" in err

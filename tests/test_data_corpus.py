@@ -52,27 +52,17 @@ def test_text_and_jsonl_documents_are_packed_with_separators(tmp_path):
     (tmp_path / "b.jsonl").write_text(json.dumps({"body": "wörld"}) + "\n\n" + json.dumps({"body": "x"}) + "\n")
     (tmp_path / "v.txt").write_text("held out")
     c = corpus.load_corpus(_text_cfg(tmp_path / "a.txt", tmp_path / "b.jsonl", val_paths=(str(tmp_path / "v.txt"),),
-                                     text_field="body"))
+                                     text_column="body"))
     expected = list(b"hello") + [SEP] + list("wörld".encode()) + [SEP] + list(b"x") + [SEP]
     assert c.train.tolist() == expected
     assert c.val.tolist() == list(b"held out") + [SEP]
     assert (c.stats["files"], c.stats["train_documents"], c.stats["skipped"]) == (3, 3, 0)
 
 
-def test_folders_and_globs_expand_to_text_files(tmp_path):
-    (tmp_path / "sub").mkdir()
-    for name in ("a.txt", "sub/b.txt", "sub/c.jsonl", "sub/ignored.csv"):
-        (tmp_path / name).write_text("{}")
-    assert corpus.expand_paths((str(tmp_path),), "paths") == [
-        str(tmp_path / "a.txt"), str(tmp_path / "sub/b.txt"), str(tmp_path / "sub/c.jsonl")]
-    assert corpus.expand_paths((str(tmp_path / "**/*.txt"), str(tmp_path / "a.txt")), "paths") == [
-        str(tmp_path / "a.txt"), str(tmp_path / "sub/b.txt")]
-
-
 @pytest.mark.parametrize("make, pattern, match", [
     (False, "missing.txt", "DataConfig.paths: .*missing.txt.* does not exist"),
     (False, "*.nothing", "matches no file"),
-    (True, "empty_dir", "holds no .txt or .jsonl"),
+    (True, "empty_dir", "holds no .txt, .jsonl"),
 ])
 def test_missing_paths_name_the_path(tmp_path, make, pattern, match):
     if make:
@@ -96,8 +86,8 @@ def test_binary_and_undecodable_files_are_skipped_with_a_count_or_fail(tmp_path)
     assert c.stats["skipped"] == 2 and c.stats["files"] == 3
     assert any("bin.txt: binary" in s for s in c.stats["skipped_examples"])
     assert any("latin1.txt: not UTF-8 at byte 3" in s for s in c.stats["skipped_examples"])
-    with pytest.raises(ConfigError, match="bin.txt: binary.*on_bad_file='skip'"):
-        corpus.load_corpus(_text_cfg(tmp_path, on_bad_file="fail"))
+    with pytest.raises(ConfigError, match="bin.txt: binary.*--on-bad-record skip"):
+        corpus.load_corpus(_text_cfg(tmp_path, on_bad_record="fail"))
 
 
 def test_bad_jsonl_lines_are_counted_and_a_wrong_field_is_named(tmp_path):
@@ -106,9 +96,9 @@ def test_bad_jsonl_lines_are_counted_and_a_wrong_field_is_named(tmp_path):
     c = corpus.load_corpus(_text_cfg(path, val_fraction=0.01))
     assert c.stats["skipped"] == 3 and c.train.tolist() == list(b"ok") + [SEP]
     with pytest.raises(ConfigError, match=r"d.jsonl:2: not JSON"):
-        corpus.load_corpus(_text_cfg(path, on_bad_file="fail"))
-    with pytest.raises(ConfigError, match="is empty.*; for .jsonl files check DataConfig.text_field=.body."):
-        corpus.load_corpus(_text_cfg(path, text_field="body"))
+        corpus.load_corpus(_text_cfg(path, on_bad_record="fail"))
+    with pytest.raises(ConfigError, match=r"is empty.*; check the text column \(DataConfig.text_column='body'"):
+        corpus.load_corpus(_text_cfg(path, text_column="body"))
 
 
 def test_an_empty_corpus_is_an_error(tmp_path):

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-from celerity_jax.data import corpus, pipeline
+from celerity_jax.data import corpus, pipeline, prepare
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 
@@ -163,3 +163,34 @@ def test_vocab_check():  # the sequence length is checked by recipe.make_plan (t
     pipeline.check_vocab(257, 257)
     with pytest.raises(ConfigError, match="257 token ids but ModelConfig.vocab_size=256.*at least 257"):
         pipeline.check_vocab(pipeline.tokenizer_vocab_size(DataConfig()), 256)
+
+
+@pytest.fixture(scope="module")
+def shards(cfg, tmp_path_factory) -> DataConfig:
+    """The `cfg` corpus prepared as ArrayRecord shards."""
+    out = tmp_path_factory.mktemp("shards") / "out"
+    prepare.prepare(cfg, str(out), chunk_tokens=50)
+    return DataConfig(source="arrayrecord", paths=(str(out),))
+
+
+def test_read_workers_serve_the_in_process_batches_and_resume_exactly(shards):
+    batch_seqs, cut, total = 32, 9, 34  # 486 windows: epochs 2 and 3 start inside batches 15 and 30
+    reference = _take(pipeline.make_train_iterator(shards, L, batch_seqs, seed=3), total)
+    it = pipeline.make_train_iterator(dataclasses.replace(shards, read_workers=2), L, batch_seqs, seed=3)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = [next(it) for _ in range(cut)]
+            state = it.get_state()
+            rest = [next(it) for _ in range(total - cut)]
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert len(messages) == 1 and "batch 15 starts epoch 2" in messages[0]
+        it.set_state(state)  # the workers have read past `cut`: set_state must drop that
+        resumed = _take(it, total - cut)
+    finally:
+        it.close()
+        it.close()
+    for expected, got in zip(reference + reference[cut:], first + rest + resumed, strict=True):
+        assert set(got) == set(expected)
+        for k in expected:
+            np.testing.assert_array_equal(got[k], expected[k])

@@ -11,10 +11,15 @@ of the stream, fewer than L, are never served. The grain MapDataset over window 
 so global batch k is windows k·G … k·G + G − 1 of the endless shuffled order (G = batch_seqs ·
 process_count), host p reads rows p, p + P, … of it, and batches run across epoch boundaries without
 dropping a window. The iterator state is the index of the next batch, so a restored iterator yields
-exactly what an uninterrupted one would.
+exactly what an uninterrupted one would. With DataConfig.read_workers = n, n grain worker processes read
+and assemble the batches ahead of the trainer (from batch k, worker i makes batches k + i, k + i + n, …, taken
+in turn), so the batches and their order are unchanged; `TrainIterator.close()` stops the workers.
 """
 
+import atexit
+import functools
 import warnings
+import weakref
 
 import numpy as np
 
@@ -38,6 +43,7 @@ class MemoryStream:
 
 def _stream(cfg: DataConfig, split: str):
     if cfg.source == "arrayrecord":
+        arrayrecord.checked_manifest(cfg)
         return arrayrecord.ShardStream(cfg.paths[0], split)
     loaded = corpus.load_corpus(cfg)
     return MemoryStream(loaded.train if split == "train" else loaded.val)
@@ -47,16 +53,16 @@ def corpus_stats(cfg: DataConfig) -> dict:
     """Size of the corpus in tokens (both splits), its tokenizer and what was read or skipped."""
     if cfg.source != "arrayrecord":
         return dict(corpus.load_corpus(cfg).stats)
-    meta = arrayrecord.read_meta(cfg.paths[0])
-    return {"source": "arrayrecord", "tokenizer": meta["tokenizer"], "vocab_size": meta["vocab_size"],
-            "train_tokens": meta["splits"]["train"]["tokens"], "val_tokens": meta["splits"]["val"]["tokens"],
-            "prepared_from": meta["source"]["summary"]}
+    manifest = arrayrecord.checked_manifest(cfg)
+    return {"source": "arrayrecord", "tokenizer": manifest["tokenizer"]["name"],
+            "vocab_size": manifest["tokenizer"]["vocab_size"], "train_tokens": manifest["splits"]["train"]["tokens"],
+            "val_tokens": manifest["splits"]["val"]["tokens"], "prepared_from": manifest["summary"]}
 
 
 def tokenizer_vocab_size(cfg: DataConfig) -> int:
     """Number of token ids the data can contain (the model's vocab_size must be at least this)."""
     if cfg.source == "arrayrecord":
-        return int(arrayrecord.read_meta(cfg.paths[0])["vocab_size"])
+        return int(arrayrecord.checked_manifest(cfg)["tokenizer"]["vocab_size"])
     return load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size
 
 
@@ -105,21 +111,24 @@ class TrainIterator:
         self.global_batch_seqs = batch_seqs * process_count
         # grain reseeds each epoch with (shuffle seed + epoch) mod 2**32.
         shuffle_seed = int(np.random.SeedSequence([cfg.shuffle_seed, seed]).generate_state(1)[0])
+        # A partial, not a bound method: the workers are sent the dataset pickled, and so everything it holds.
+        gather = functools.partial(_batch, self._stream, seq_len=seq_len)
         self._dataset = (grain.MapDataset.range(self.n_windows).shuffle(seed=shuffle_seed).repeat()
-                         [process_index::process_count].batch(batch_seqs).map(self._gather))
+                         [process_index::process_count].batch(batch_seqs).map(gather))
         # Every host is at the same batch, so a state saved by one host restores on any other.
         self._identity = {"seq_len": seq_len, "batch_seqs": batch_seqs, "process_count": process_count,
                           "seed": seed, "shuffle_seed": cfg.shuffle_seed, "train_tokens": int(self._stream.n_tokens)}
         self._next_batch = 0
         self._warned = False
+        self._workers = None  # with read_workers: a grain iterator fed by worker processes, at self._next_batch
+        if cfg.read_workers:
+            # grain's own exit hook stops only the processes; its iterators fail to close once modules are torn down.
+            atexit.register(_close_if_alive, weakref.ref(self))
 
     @property
     def batches_per_epoch(self) -> float:
         """Global batches in one pass over the training split."""
         return self.n_windows / self.global_batch_seqs
-
-    def _gather(self, window_ids: np.ndarray) -> dict[str, np.ndarray]:
-        return _batch(self._stream, window_ids, self._seq_len)
 
     def __iter__(self) -> "TrainIterator":
         return self
@@ -129,9 +138,33 @@ class TrainIterator:
         epoch = ((k + 1) * self.global_batch_seqs - 1) // self.n_windows
         if epoch >= 1:
             self._past_end(k, epoch)
-        batch = self._dataset[k]
+        batch = self._from_workers() if self._cfg.read_workers else self._dataset[k]
         self._next_batch = k + 1
         return batch
+
+    def _from_workers(self) -> dict[str, np.ndarray]:
+        if self._workers is None:
+            import grain
+            from absl import flags
+
+            # grain reads an absl flag when it starts workers: an error until absl has parsed flags, which celerity
+            # never asks it to.
+            if not flags.FLAGS.is_parsed():
+                flags.FLAGS.mark_as_parsed()
+            # Worker i makes elements i, i + n, … of this dataset and grain takes one from each worker in turn, so
+            # the order is the dataset's. The workers are the parallelism: each makes one batch at a time.
+            batches = self._dataset[self._next_batch:].to_iter_dataset(grain.ReadOptions(num_threads=0))
+            options = grain.MultiprocessingOptions(num_workers=self._cfg.read_workers, per_worker_buffer_size=2)
+            self._workers = iter(batches.mp_prefetch(options))
+        # Copied out of grain's shared memory, which a batch still held at interpreter exit would leak.
+        return {name: np.array(x) for name, x in next(self._workers).items()}
+
+    def close(self) -> None:
+        """Stops the read workers, if any; safe to call twice, and a later `next` starts them again at the current
+        batch. Without a call they stop when this iterator is garbage-collected or the interpreter exits."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def _past_end(self, k: int, epoch: int) -> None:
         size = (f"{self.n_windows} sequences of {self._seq_len + 1} tokens, {self.batches_per_epoch:.1f} batches "
@@ -159,7 +192,14 @@ class TrainIterator:
         next_batch = state.get("next_batch")
         if not isinstance(next_batch, int) or next_batch < 0:
             raise ConfigError(f"the saved data-iterator state has next_batch={next_batch!r}; expected an integer >= 0")
+        self.close()  # the workers read ahead from the old position
         self._next_batch = next_batch
+
+
+def _close_if_alive(iterator_ref: weakref.ref) -> None:
+    iterator = iterator_ref()
+    if iterator is not None:
+        iterator.close()
 
 
 def make_train_iterator(cfg: DataConfig, seq_len: int, batch_seqs: int, *, seed: int,

@@ -1,10 +1,12 @@
 """Tokenizers from local files only: bytes (the default), a HuggingFace tokenizer.json, a SentencePiece model.
 
 Each has `name`, `vocab_size`, `separator_id` (the token appended after every document),
+`special_tokens` (name -> id), `sha256` (of the file; "byte" for the byte tokenizer),
 `encode_batch(texts)` returning one integer array per text, and `decode(ids)`.
 """
 
 import functools
+import hashlib
 import os
 
 import numpy as np
@@ -19,8 +21,10 @@ class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; token 256 is the end-of-text separator."""
 
     name = "byte"
+    sha256 = "byte"
     vocab_size = 257
     separator_id = 256
+    special_tokens = {"<|endoftext|>": 256}
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), np.uint8) for t in texts]
@@ -46,8 +50,11 @@ class HFTokenizer:
             raise ConfigError(f"DataConfig.tokenizer={path!r} is not a readable HuggingFace tokenizer.json "
                               f"({e}); give a tokenizer.json file, a SentencePiece .model file or 'byte'") from e
         self.name = path
+        self.sha256 = file_sha256(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.separator_id = _find_separator(path, separator_token, self._tok.token_to_id)
+        self.special_tokens = {t.content: int(i) for i, t in self._tok.get_added_tokens_decoder().items()
+                               if t.special}
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         return [np.asarray(e.ids, np.int32) for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
@@ -68,7 +75,10 @@ class SentencePieceTokenizer:
             raise ConfigError(f"DataConfig.tokenizer={path!r} is not a readable SentencePiece model ({e}); "
                               "give a .model file written by SentencePiece training") from e
         self.name = path
+        self.sha256 = file_sha256(path)
         self.vocab_size = self._sp.get_piece_size()
+        self.special_tokens = {self._sp.id_to_piece(i): i for i in range(self.vocab_size)
+                               if self._sp.is_control(i) or self._sp.is_unknown(i)}
         if self._sp.eos_id() >= 0 and not separator_token:
             self.separator_id = self._sp.eos_id()
         else:
@@ -83,6 +93,14 @@ class SentencePieceTokenizer:
 
     def decode(self, ids) -> str:
         return self._sp.decode([int(i) for i in ids])
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _find_separator(path: str, separator_token: str, token_to_id) -> int:

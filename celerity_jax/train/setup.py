@@ -175,8 +175,8 @@ def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Sourc
 @contextlib.contextmanager
 def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, operative_config: str, force_new: bool,
             is_chief: bool, log):
-    """Prepares the run (the caller holds the lock) and yields its `Trainer`; closes the checkpointer and the
-    writers after the block, quietly when it raised (the error must not be masked by a failed close)."""
+    """Prepares the run (the caller holds the lock) and yields its `Trainer`; closes the checkpointer, the
+    writers and the data iterator after the block, quietly when it raised (the error must not be masked by a failed close)."""
     train_cfg = configs.train
     reference_G = _collapse_reference(configs, plan, workdir, log)
     data_it, eval_batches_np = _data(configs, plan)
@@ -226,7 +226,10 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
                 tb.close()
         with contextlib.suppress(Exception):
             checkpointer.close(raise_errors=False)
+        with contextlib.suppress(Exception):
+            data_it.close()  # stops its read workers, if any
         raise
     if tb:
         tb.close()
     checkpointer.close()
+    data_it.close()

@@ -1,0 +1,157 @@
+"""`celerity prepare-data --runner beam`: the same preparation as `prepare`, as an Apache Beam pipeline.
+
+The driver plans the tasks (`corpus.plan_tasks`); the pipeline tokenizes them (`corpus.tokenize_task`), sums
+their token counts into the group boundaries (`prepare.cut_groups` over the counts in task order), gathers
+each group's results, writes its shards (`arrayrecord.write_group`) and finally writes manifest.json
+(`prepare.build_manifest`) from the groups' shard entries and read counts, taken in task order. Same task
+plan, same grouping rule over the same counts, same writer: the folder is byte-identical to the local
+runner's with the same settings, whatever ran the work and in which order.
+
+Where it runs: on this machine with the DirectRunner (the default), or on a cluster through Beam options after
+`--`, e.g. `-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp` with a gs:// --out
+(the workers need celerity_jax, e.g. through --setup_file, and gcsfs to write gs://). The input files are
+read with local file I/O, on the driver (the plan) and on the workers (the tokens): the DirectRunner reads
+local paths; a cluster's workers need the inputs at the same paths on a shared or mounted filesystem (gs://
+inputs are not read). A local --out is built in the hidden folder beside it and renamed when complete, so on a
+cluster it must be on a filesystem that the workers share with the driver.
+
+Not resumable: the runner retries failed work itself, and a failed run removes its local folder. A leftover
+folder of a stopped run is refused, not overwritten: finish it with --runner local, or delete it.
+"""
+
+import bisect
+import contextlib
+import json
+import logging
+import os
+
+from etils import epath
+
+from celerity_jax.data import arrayrecord, corpus, prepare
+from celerity_jax.data.config import DataConfig
+from celerity_jax.data.tokenizer import load_tokenizer, token_dtype
+from celerity_jax.errors import ConfigError
+
+BEAM_STEP_NOTE = " [while running '"
+
+
+def tokenize(task: corpus.Task, cfg: DataConfig) -> corpus.TaskResult:
+    """`corpus.tokenize_task` with the task first: beam.Map passes the element as the first argument."""
+    return corpus.tokenize_task(cfg, task)
+
+
+def group_starts(counts: list[tuple[int, int]], shard_tokens: int) -> list[int]:
+    """The first task of each shard group, from every task's (index, token count)."""
+    return [start for start, _ in prepare.cut_groups((n for _, n in sorted(counts)), shard_tokens)]
+
+
+def key_by_group(result: corpus.TaskResult, starts: list[int]) -> tuple[int, corpus.TaskResult]:
+    return bisect.bisect_right(starts, result.index) - 1, result
+
+
+def write_shards(group_results, folder: str, dtype, chunk_tokens: int) -> tuple[int, dict, corpus.ReadReport]:
+    """Writes one group's shards; returns (group, {split: shard entry}, what its tasks read, added in task order)."""
+    group, results = group_results
+    results = sorted(results, key=lambda r: r.index)
+    tokens = {s: [r.tokens[s] for r in results] for s in corpus.SPLITS}
+    shards = arrayrecord.write_group(epath.Path(folder), group, tokens, dtype, chunk_tokens)
+    report = corpus.ReadReport()
+    for result in results:
+        report.add(result)
+    return group, shards, report
+
+
+def write_manifest(groups: list, folder: str, ident: dict, cfg: DataConfig) -> None:
+    """Writes manifest.json from every group's shards and read counts, in group order, as `prepare` does."""
+    report = corpus.ReadReport()
+    shards: dict[str, list[dict]] = {s: [] for s in corpus.SPLITS}
+    for _, group_shards, group_report in sorted(groups, key=lambda g: g[0]):
+        for split, entry in group_shards.items():
+            shards[split].append(entry)
+        report.merge(group_report)
+    if not report.tokens["train"]:
+        raise corpus.empty_corpus_error(cfg, report)
+    manifest = prepare.build_manifest(ident, report, shards)
+    (epath.Path(folder) / arrayrecord.MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def config_error_in(error: BaseException) -> ConfigError | None:
+    """The ConfigError a transform raised, found in the runner's exception chain or message, without the step
+    name Beam appends to it."""
+    seen = error
+    while seen is not None and not isinstance(seen, ConfigError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is not None:
+        text = str(seen)
+    elif "ConfigError: " in str(error):  # a runner that passes on only the worker's traceback as text
+        text = str(error).rsplit("ConfigError: ", 1)[1].splitlines()[0]
+    else:
+        return None
+    return ConfigError(text.split(BEAM_STEP_NOTE)[0])
+
+
+@contextlib.contextmanager
+def log_level(logger: logging.Logger, level: int):
+    previous = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard_tokens: int,
+                      beam_options: list[str]) -> dict:
+    """Tokenizes the documents of `cfg` into the shard folder `out_dir` with a Beam pipeline run with
+    `beam_options`; returns its manifest."""
+    try:
+        with log_level(logging.getLogger(), logging.ERROR):  # Beam warns on import of GCP libraries it lacks
+            import apache_beam as beam
+            from apache_beam.options.pipeline_options import PipelineOptions
+    except ImportError:
+        raise ConfigError("the Beam runner needs Apache Beam: pip install 'celerity_jax[beam]' (or pip install "
+                          "apache-beam), or use --runner local") from None
+    prepare.check_sizes(chunk_tokens, shard_tokens)
+    prepare.check_out(out_dir)
+    files = corpus.input_files(cfg)  # bad paths and tokenizers fail here, before anything is created
+    tasks = corpus.plan_tasks(files)
+    ident = prepare.identity(cfg, files, chunk_tokens, shard_tokens)
+    dtype = token_dtype(load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size)
+    local = "://" not in out_dir
+    work = prepare.partial_folder(out_dir)
+    folder = epath.Path(work)
+    if folder.exists() and any(folder.iterdir()):
+        fix = "finish it with --runner local (same arguments), or delete it" if local else "give a new or empty --out"
+        raise ConfigError(f"{work} holds an unfinished prepare-data, which a Beam run cannot resume; {fix}")
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = prepare.lock_folder(work) if local else None  # keeps a local run from resuming into this folder meanwhile
+    try:
+        # The runner logs a transform's error with its traceback, then raises it here to be reported once.
+        with log_level(logging.getLogger("apache_beam.runners.common"), logging.CRITICAL), \
+                beam.Pipeline(options=PipelineOptions(beam_options)) as pipeline:
+            results = pipeline | "Tasks" >> beam.Create(tasks) | "Tokenize" >> beam.Map(tokenize, cfg)
+            starts = (results
+                      | "TokenCounts" >> beam.Map(lambda result: (result.index, result.n_tokens))
+                      | "AllCounts" >> beam.combiners.ToList()
+                      | "GroupStarts" >> beam.Map(group_starts, shard_tokens))
+            (results
+             | "KeyByGroup" >> beam.Map(key_by_group, beam.pvalue.AsSingleton(starts))
+             | "GroupResults" >> beam.GroupByKey()
+             | "WriteShards" >> beam.Map(write_shards, work, dtype, chunk_tokens)
+             | "AllGroups" >> beam.combiners.ToList()
+             | "WriteManifest" >> beam.Map(write_manifest, work, ident, cfg))
+        if local:
+            prepare.rename_into_place(work, out_dir)
+    except BaseException as e:
+        if local:
+            folder.rmtree(missing_ok=True)
+        if isinstance(e, ConfigError) and BEAM_STEP_NOTE not in str(e):
+            raise  # the driver's own
+        error = config_error_in(e)
+        if error is None:
+            raise
+        raise error from e
+    finally:
+        if lock is not None:
+            os.close(lock)
+    return json.loads((epath.Path(out_dir) / arrayrecord.MANIFEST).read_text())

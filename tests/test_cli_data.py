@@ -64,3 +64,12 @@ def test_beam_options_need_the_beam_runner(tmp_path, capsys):
     code, err = _prepare(capsys, "--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--",
                          "--runner=DirectRunner")
     assert code == 2 and "Beam options ['--runner=DirectRunner'] were given but --runner is 'local'" in err
+
+
+def test_prepare_data_keeps_the_default_allocator_that_other_commands_change(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(cli.hostmem, "retain_freed_memory", lambda: calls.append(1))
+    assert cli.main(["prepare-data", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
+    assert calls == []  # one malloc arena would serialize the tokenizer's threads
+    assert cli.main(["tau", "--batch-tokens", "4194304", "--lr", "3e-4", "--wd", "0.1", "--tokens", "2e12"]) == 0
+    assert calls == [1]

@@ -100,6 +100,12 @@ def test_a_stopped_prepare_resumes_to_the_same_folder_and_refuses_other_settings
     monkeypatch.setattr(arrayrecord, "write_group", write_group)
     with pytest.raises(ConfigError, match=r"\.out\.partial holds an unfinished prepare-data whose shard_tokens differ"):
         prepare.prepare(text_cfg, str(tmp_path / "out"), chunk_tokens=64, shard_tokens=900)
+    journal = tmp_path / ".out.partial" / prepare.PROGRESS
+    saved = journal.read_text()
+    journal.write_text("{")
+    with pytest.raises(ConfigError, match=r"progress.json is unreadable .*; delete .*\.out\.partial to start over"):
+        prepare.prepare(text_cfg, str(tmp_path / "out"), chunk_tokens=64, shard_tokens=700)
+    journal.write_text(saved)
     stream = io.StringIO()
     prepare.prepare(text_cfg, str(tmp_path / "out"), chunk_tokens=64, shard_tokens=700, stream=stream)
     assert "resuming" in stream.getvalue() and "2 shard groups" in stream.getvalue()

@@ -38,12 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Runs one command. Errors a user can act on print one line (with CELERITY_VERBOSE=1, the traceback too)."""
-    hostmem.retain_freed_memory()  # first, before JAX allocates (CELERITY_RETAIN_HOST_MEMORY=0 turns it off)
     try:
         args = build_parser().parse_args(argv)
     except KeyboardInterrupt:
         print("celerity: interrupted", file=sys.stderr)
         return 130
+    if getattr(args, "retain_host_memory", True):
+        # before JAX allocates (CELERITY_RETAIN_HOST_MEMORY=0 turns it off); commands that run many threads
+        # without XLA opt out: its single malloc arena serializes their allocations
+        hostmem.retain_freed_memory()
     verbose = getattr(args, "verbose", False) or verbose_from_env()
     try:
         options.check_required(args)

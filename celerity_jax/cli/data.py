@@ -37,7 +37,7 @@ def add_commands(subparsers) -> None:
                    help="'local': this machine; 'beam': an Apache Beam pipeline (the `beam` extra), whose options "
                         "follow `--`, e.g. -- --runner=DataflowRunner --project=P --region=R (see Beam's pipeline options)")
     p.add_argument("beam_options", nargs="*", help=argparse.SUPPRESS)
-    p.set_defaults(func=prepare_data_command)
+    p.set_defaults(func=prepare_data_command, retain_host_memory=False)
 
 
 def prepare_data_command(args: argparse.Namespace) -> int:

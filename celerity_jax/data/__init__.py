@@ -1,7 +1,9 @@
-"""Token streams for training and evaluation: built-in stdlib corpus, user text, ArrayRecord shards.
+"""Token streams for training and evaluation: built-in stdlib corpus, user files, ArrayRecord shards.
 
-Modules: `config` (DataConfig), `tokenizer` (bytes, HuggingFace tokenizer.json, SentencePiece), `corpus`
-(reading and packing documents into one token stream per split), `arrayrecord` (pre-tokenized shards,
-written by `celerity prepare-data`, the command in `celerity_jax/cli/data.py`) and `pipeline` (the grain
-train iterator and held-out eval batches the trainer uses).
+Modules: `config` (DataConfig), `sources` (the input formats: .txt, .jsonl(.gz/.zst), .parquet),
+`tokenizer` (bytes, HuggingFace tokenizer.json, SentencePiece), `corpus` (documents, their split, the
+tasks they are tokenized in, and the packed stream of each split), `prepare` (`celerity prepare-data` on
+one machine: worker pool, resume, manifest; its progress line in `progress`), `beam` (the same as an
+Apache Beam pipeline), `arrayrecord` (the shard folder: writer, manifest, reader) and `pipeline` (the
+grain train iterator and held-out eval batches the trainer uses).
 """

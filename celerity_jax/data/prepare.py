@@ -115,8 +115,11 @@ class _Journal:
         path = self.folder / PROGRESS
         if not path.exists():
             return False
-        saved = json.loads(path.read_text())
-        differ = [k for k in self.ident if saved["identity"].get(k) != self.ident[k]]
+        try:
+            saved = json.loads(path.read_text())
+            differ = [k for k in self.ident if saved["identity"].get(k) != self.ident[k]]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"{path} is unreadable ({e!r}); delete {self.folder} to start over") from e
         if differ:
             raise ConfigError(f"{self.folder} holds an unfinished prepare-data whose {', '.join(differ)} differ from "
                               "this one's; rerun the command that started it (same inputs and flags) to resume, or "

@@ -73,3 +73,21 @@ def test_prepare_data_keeps_the_default_allocator_that_other_commands_change(tmp
     assert calls == []  # one malloc arena would serialize the tokenizer's threads
     assert cli.main(["tau", "--batch-tokens", "4194304", "--lr", "3e-4", "--wd", "0.1", "--tokens", "2e12"]) == 0
     assert calls == [1]
+
+
+def test_a_failed_shard_write_stops_in_one_line_and_can_be_resumed(tmp_path, capsys, monkeypatch):
+    def full_disk(path, options):
+        raise RuntimeError("open() failed: No space left on device")
+
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    (tmp_path / "v.txt").write_text("held out " * 50)
+    monkeypatch.setattr("celerity_jax.data.arrayrecord.array_record_module.ArrayRecordWriter", full_disk)
+    code = cli.main(["prepare-data", "--input", str(tmp_path / "a.txt"), "--val-input", str(tmp_path / "v.txt"),
+                     "--out", str(tmp_path / "o"), "--workers", "1"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and "Traceback" not in "\n".join(err)
+    assert err == [f"prepare-data: stopped after 0 shard groups; rerun the same command to resume from "
+                   f"{tmp_path / '.o.partial'}",
+                   f"celerity prepare-data: writing the shard {tmp_path / '.o.partial' / 'train-00000.arrayrecord'} "
+                   "failed (open() failed: No space left on device); fix the disk or folder, then rerun the same "
+                   "command to resume"]

@@ -156,12 +156,16 @@ def test_prepare_replaces_an_empty_folder_but_not_one_filled_meanwhile(text_cfg,
 
     (tmp_path / "busy").mkdir()
     monkeypatch.setattr(prepare, "_write_groups", someone_else_writes_too)
-    with pytest.raises(ConfigError, match="busy: the finished folder cannot be renamed to it"):
+    with pytest.raises(ConfigError, match=r"busy: the finished folder cannot be renamed to it .*; it is complete at "
+                                          r".*\.busy\.partial: move it"):
         prepare.prepare(text_cfg, str(tmp_path / "busy"))
-    assert os.listdir(tmp_path / "busy") == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["busy", "out"]
+    assert os.listdir(tmp_path / "busy") == ["theirs.txt"]
+    assert sorted(os.listdir(tmp_path)) == [".busy.partial", "busy", "out"]
+    assert _files(tmp_path / ".busy.partial").keys() == {*_files(out), prepare.PROGRESS}
 
 
 @pytest.mark.parametrize("out, problem", [
+    ("gs://bucket/shards", "--out gs://bucket/shards is a URL, but ArrayRecord writes local files only"),
     ("file", "--out {}/file is a file, not a folder"),
     ("file/sub", "{}/file is a file, not a folder, so no folder can be made under it"),
     (".", "--out . is the working directory"),
@@ -170,7 +174,7 @@ def test_prepare_refuses_outputs_it_cannot_make(text_cfg, tmp_path, monkeypatch,
     (tmp_path / "file").write_text("x")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=problem.format(tmp_path)):
-        prepare.prepare(text_cfg, out if out == "." else str(tmp_path / out))
+        prepare.prepare(text_cfg, out if out == "." or "://" in out else str(tmp_path / out))
     assert os.listdir(tmp_path) == ["file"]
 
 

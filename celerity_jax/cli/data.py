@@ -4,6 +4,8 @@ import argparse
 import json
 import os
 
+from celerity_jax.data.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SHARD_TOKENS, ON_BAD_RECORD
+
 RUNNERS = ("local", "beam")
 
 
@@ -20,16 +22,15 @@ def add_commands(subparsers) -> None:
                    help="files forming the validation split (default: a hash split of --input)")
     p.add_argument("--tokenizer", default="byte", help="'byte', a tokenizer.json or a SentencePiece .model file")
     p.add_argument("--separator-token", default="", help="token placed after each document (default: end-of-text)")
-    p.add_argument("--text-column", "--text-field", dest="text_column", default="text",
+    p.add_argument("--text-column", default="text",
                    help=".jsonl key or Parquet column holding the text")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of documents in the hash split's val")
-    p.add_argument("--on-bad-record", "--on-bad-file", dest="on_bad_record", choices=("skip", "fail"),
-                   default="skip", help="malformed records and unreadable files: skip with a count, or stop naming "
+    p.add_argument("--on-bad-record", choices=ON_BAD_RECORD, default="skip", help="malformed records and unreadable files: skip with a count, or stop naming "
                                         "the file and row")
     p.add_argument("--out", required=True,
-                   help="new or empty output folder (local or gs://); a local one appears only once complete")
-    p.add_argument("--chunk-tokens", type=int, default=4096, help="tokens per record")
-    p.add_argument("--shard-tokens", type=int, default=1 << 26,
+                   help="new or empty local output folder; it appears only once complete")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS, help="tokens per record")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
                    help="a shard closes at the first task boundary past this many tokens (train and val together)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
                    help="tokenizer processes (default: every core of this machine)")

@@ -14,6 +14,7 @@ read with etils.epath (gs:// needs `gcsfs`), the shards by ArrayRecord's own C++
 
 import functools
 import json
+import pathlib
 
 import numpy as np
 from array_record.python import array_record_module
@@ -22,7 +23,7 @@ from etils import epath
 from celerity_jax.data.config import DataConfig
 from celerity_jax.data.corpus import SPLITS
 from celerity_jax.data.tokenizer import load_tokenizer
-from celerity_jax.errors import ConfigError
+from celerity_jax.errors import ConfigError, RunStopped
 
 FORMAT = "celerity-tokens-v2"
 MANIFEST = "manifest.json"
@@ -33,19 +34,24 @@ def tokenizer_identity(tokenizer) -> dict:
             "separator_id": tokenizer.separator_id, "special_tokens": tokenizer.special_tokens}
 
 
-def write_group(folder: epath.Path, group: int, tokens: dict[str, list[np.ndarray]], dtype: np.dtype,
+def write_group(folder: pathlib.Path, group: int, tokens: dict[str, list[np.ndarray]], dtype: np.dtype,
                 chunk_tokens: int) -> dict[str, dict]:
-    """Writes each split's tokens of shard group `group` as one shard; returns {split: shard entry}."""
+    """Writes each split's tokens of shard group `group` as one shard into the local `folder`; returns
+    {split: shard entry}."""
     shards = {}
     for split in SPLITS:
         stream = np.concatenate(tokens[split]).astype(np.dtype(dtype).newbyteorder("<"), copy=False)
         if not stream.size:
             continue
         name = f"{split}-{group:05d}.arrayrecord"
-        writer = array_record_module.ArrayRecordWriter(str(folder / name), "group_size:1")
-        for start in range(0, stream.size, chunk_tokens):
-            writer.write(stream[start:start + chunk_tokens].tobytes())
-        writer.close()
+        try:
+            writer = array_record_module.ArrayRecordWriter(str(folder / name), "group_size:1")
+            for start in range(0, stream.size, chunk_tokens):
+                writer.write(stream[start:start + chunk_tokens].tobytes())
+            writer.close()
+        except RuntimeError as e:  # ArrayRecord reports its file errors (a full disk, say) as RuntimeError
+            raise RunStopped(f"writing the shard {folder / name} failed ({e}); fix the disk or folder, then rerun "
+                             "the same command to resume") from e
         shards[split] = {"file": name, "records": -(-stream.size // chunk_tokens), "tokens": int(stream.size)}
     return shards
 
@@ -77,7 +83,7 @@ def checked_manifest(cfg: DataConfig) -> dict:
     manifest = read_manifest(folder)
     made_with = manifest["tokenizer"]
     run = tokenizer_identity(load_tokenizer(cfg.tokenizer, cfg.separator_token))
-    differ = [k for k in ("sha256", "vocab_size", "separator_id") if run[k] != made_with[k]]
+    differ = [k for k in ("sha256", "vocab_size", "separator_id", "special_tokens") if run[k] != made_with[k]]
     if differ:
         raise ConfigError(
             f"the shards in {folder} were made with the tokenizer {made_with['name']} ({_describe(made_with)}) but "

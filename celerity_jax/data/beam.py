@@ -8,15 +8,13 @@ plan, same grouping rule over the same counts, same writer: the folder is byte-i
 runner's with the same settings, whatever ran the work and in which order.
 
 Where it runs: on this machine with the DirectRunner (the default), or on a cluster through Beam options after
-`--`, e.g. `-- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp` with a gs:// --out
-(the workers need celerity_jax, e.g. through --setup_file, and gcsfs to write gs://). The input files are
-read with local file I/O, on the driver (the plan) and on the workers (the tokens): the DirectRunner reads
-local paths; a cluster's workers need the inputs at the same paths on a shared or mounted filesystem (gs://
-inputs are not read). A local --out is built in the hidden folder beside it and renamed when complete, so on a
-cluster it must be on a filesystem that the workers share with the driver.
+`--` (e.g. `-- --runner=FlinkRunner ...` or `--runner=DataflowRunner ...`; the workers need celerity_jax
+installed). Files are read and written with local file I/O (ArrayRecord writes local files only): the inputs
+and --out must be at the same paths for the driver and every worker, on a shared or mounted filesystem (NFS,
+gcsfuse). --out is built in the hidden folder beside it and renamed when complete.
 
-Not resumable: the runner retries failed work itself, and a failed run removes its local folder. A leftover
-folder of a stopped run is refused, not overwritten: finish it with --runner local, or delete it.
+Not resumable: the runner retries failed work itself, and a failed run removes its folder. A leftover folder
+of a stopped local run is refused, not overwritten: finish it with --runner local, or delete it.
 """
 
 import bisect
@@ -24,13 +22,14 @@ import contextlib
 import json
 import logging
 import os
-
-from etils import epath
+import pathlib
+import shutil
 
 from celerity_jax.data import arrayrecord, corpus, prepare
 from celerity_jax.data.config import DataConfig
 from celerity_jax.data.tokenizer import load_tokenizer, token_dtype
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic
 
 BEAM_STEP_NOTE = " [while running '"
 
@@ -54,7 +53,7 @@ def write_shards(group_results, folder: str, dtype, chunk_tokens: int) -> tuple[
     group, results = group_results
     results = sorted(results, key=lambda r: r.index)
     tokens = {s: [r.tokens[s] for r in results] for s in corpus.SPLITS}
-    shards = arrayrecord.write_group(epath.Path(folder), group, tokens, dtype, chunk_tokens)
+    shards = arrayrecord.write_group(pathlib.Path(folder), group, tokens, dtype, chunk_tokens)
     report = corpus.ReadReport()
     for result in results:
         report.add(result)
@@ -71,8 +70,7 @@ def write_manifest(groups: list, folder: str, ident: dict, cfg: DataConfig) -> N
         report.merge(group_report)
     if not report.tokens["train"]:
         raise corpus.empty_corpus_error(cfg, report)
-    manifest = prepare.build_manifest(ident, report, shards)
-    (epath.Path(folder) / arrayrecord.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    write_json_atomic(os.path.join(folder, arrayrecord.MANIFEST), prepare.build_manifest(ident, report, shards))
 
 
 def config_error_in(error: BaseException) -> ConfigError | None:
@@ -115,16 +113,14 @@ def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard
     prepare.check_out(out_dir)
     files = corpus.input_files(cfg)  # bad paths and tokenizers fail here, before anything is created
     tasks = corpus.plan_tasks(files)
-    ident = prepare.identity(cfg, files, chunk_tokens, shard_tokens)
+    ident = prepare.identity(cfg, files, tasks, chunk_tokens, shard_tokens)
     dtype = token_dtype(load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size)
-    local = "://" not in out_dir
     work = prepare.partial_folder(out_dir)
-    folder = epath.Path(work)
-    if folder.exists() and any(folder.iterdir()):
-        fix = "finish it with --runner local (same arguments), or delete it" if local else "give a new or empty --out"
-        raise ConfigError(f"{work} holds an unfinished prepare-data, which a Beam run cannot resume; {fix}")
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = prepare.lock_folder(work) if local else None  # keeps a local run from resuming into this folder meanwhile
+    if os.path.isdir(work) and os.listdir(work):
+        raise ConfigError(f"{work} holds an unfinished prepare-data, which a Beam run cannot resume; finish it with "
+                          "--runner local (same arguments), or delete it")
+    os.makedirs(work, exist_ok=True)
+    lock = prepare.lock_folder(work)  # keeps a local run from resuming into this folder meanwhile
     try:
         # The runner logs a transform's error with its traceback, then raises it here to be reported once.
         with log_level(logging.getLogger("apache_beam.runners.common"), logging.CRITICAL), \
@@ -140,11 +136,8 @@ def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard
              | "WriteShards" >> beam.Map(write_shards, work, dtype, chunk_tokens)
              | "AllGroups" >> beam.combiners.ToList()
              | "WriteManifest" >> beam.Map(write_manifest, work, ident, cfg))
-        if local:
-            prepare.rename_into_place(work, out_dir)
     except BaseException as e:
-        if local:
-            folder.rmtree(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
         if isinstance(e, ConfigError) and BEAM_STEP_NOTE not in str(e):
             raise  # the driver's own
         error = config_error_in(e)
@@ -152,6 +145,7 @@ def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard
             raise
         raise error from e
     finally:
-        if lock is not None:
-            os.close(lock)
-    return json.loads((epath.Path(out_dir) / arrayrecord.MANIFEST).read_text())
+        os.close(lock)
+    prepare.rename_into_place(work, out_dir)
+    with open(os.path.join(out_dir, arrayrecord.MANIFEST)) as f:
+        return json.load(f)

@@ -7,6 +7,9 @@ from celerity_jax.errors import ConfigError
 
 SOURCES = ("stdlib", "text", "arrayrecord")
 ON_BAD_RECORD = ("skip", "fail")
+# `celerity prepare-data`'s defaults: tokens per ArrayRecord record, and per shard group (see `prepare`).
+DEFAULT_CHUNK_TOKENS = 4096
+DEFAULT_SHARD_TOKENS = 1 << 26
 
 
 @dataclasses.dataclass(frozen=True)

@@ -165,19 +165,21 @@ def plan_tasks(files: list[InputFile]) -> list[Task]:
     """The files' pieces cut into tasks of at least TASK_BYTES; a task never mixes fixed splits."""
     tasks: list[Task] = []
     pending: list[sources.Piece] = []
-    pending_split = None
+    pending_split, pending_bytes = None, 0
 
     def close():
+        nonlocal pending_bytes
         tasks.append(Task(len(tasks), pending_split, tuple(pending)))
         pending.clear()
+        pending_bytes = 0
 
     for f in files:
         for piece in sources.file_pieces(f.path, f.key):
             if pending and f.split != pending_split:
                 close()
             pending.append(piece)
-            pending_split = f.split
-            if sum(p.n_bytes for p in pending) >= TASK_BYTES:
+            pending_split, pending_bytes = f.split, pending_bytes + piece.n_bytes
+            if pending_bytes >= TASK_BYTES:
                 close()
     if pending:
         close()

@@ -6,36 +6,36 @@ it holds `shard_tokens` tokens (`cut_groups`); each group becomes one shard per 
 (`arrayrecord.write_group`). Nothing depends on the worker count, so the folder is byte-identical for
 any --workers, and for the Beam pipeline (`beam`), which uses the same functions.
 
-Atomic and resumable: a local --out is built in the hidden folder `.NAME.partial` beside it and renamed
-to --out when complete. After each group, progress.json there records the groups written, the next task
-and the counts, so a stopped or killed run, rerun with the same arguments and inputs, continues after the
-last finished group. A bad input (a malformed record with on_bad_record='fail', an empty training split)
-removes the partial folder: such a run cannot be resumed. A gs:// --out is written in place (object
-stores cannot rename a folder), progress.json included.
+Atomic and resumable: --out is built in the hidden folder `.NAME.partial` beside it and renamed to --out
+when complete. After each group, progress.json there records the groups written, the next task and the
+counts, so a stopped or killed run, rerun with the same arguments, inputs and task plan, continues after
+the last finished group. A bad input (a malformed record with on_bad_record='fail', an empty training
+split) removes the partial folder: such a run cannot be resumed. --out is local: ArrayRecord's writer
+writes local files only (copy the folder to a bucket afterwards, or write to a gcsfuse mount).
 """
 
 import collections
 import fcntl
+import hashlib
 import itertools
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
-from etils import epath
+import pathlib
 
 from celerity_jax.data import arrayrecord, corpus
-from celerity_jax.data.config import DataConfig
+from celerity_jax.data.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SHARD_TOKENS, DataConfig
 from celerity_jax.data.progress import Progress
 from celerity_jax.data.tokenizer import load_tokenizer, token_dtype
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_output_dir, write_json_atomic
 
 PROGRESS = "progress.json"
-DEFAULT_CHUNK_TOKENS = 4096
-DEFAULT_SHARD_TOKENS = 1 << 26
 
 
 def cut_groups(counts: Iterable[int], shard_tokens: int) -> Iterator[tuple[int, int]]:
@@ -59,15 +59,23 @@ def describe_sources(files: list[corpus.InputFile]) -> list[dict]:
     return out
 
 
-def identity(cfg: DataConfig, files: list[corpus.InputFile], chunk_tokens: int, shard_tokens: int) -> dict:
-    """What decides the folder's bytes: settings, tokenizer and sources. A resumed run must match it."""
+def plan_digest(tasks: list[corpus.Task]) -> str:
+    """SHA-256 of the task plan (the pieces of each task): a resumed run must cut the corpus the same way."""
+    plan = [[(p.path, p.row_group) for p in task.pieces] for task in tasks]
+    return hashlib.sha256(json.dumps(plan).encode()).hexdigest()
+
+
+def identity(cfg: DataConfig, files: list[corpus.InputFile], tasks: list[corpus.Task], chunk_tokens: int,
+             shard_tokens: int) -> dict:
+    """What decides the folder's bytes: settings, tokenizer, sources and task plan. A resumed run must match it."""
     tokenizer = load_tokenizer(cfg.tokenizer, cfg.separator_token)
     settings = {"source": cfg.source, "paths": list(cfg.paths), "val_paths": list(cfg.val_paths),
                 "val_fraction": cfg.val_fraction, "text_column": cfg.text_column,
                 "on_bad_record": cfg.on_bad_record, "separator_token": cfg.separator_token}
     return {"format": arrayrecord.FORMAT, "tokenizer": arrayrecord.tokenizer_identity(tokenizer),
             "dtype": token_dtype(tokenizer.vocab_size).name, "chunk_tokens": chunk_tokens,
-            "shard_tokens": shard_tokens, "settings": settings, "sources": describe_sources(files)}
+            "shard_tokens": shard_tokens, "settings": settings, "sources": describe_sources(files),
+            "task_plan": plan_digest(tasks)}
 
 
 def build_manifest(ident: dict, report: corpus.ReadReport, shards: dict[str, list[dict]]) -> dict:
@@ -81,9 +89,10 @@ def check_sizes(chunk_tokens: int, shard_tokens: int) -> None:
 
 
 def check_out(out_dir: str) -> None:
-    """A local --out must be a new or empty folder that the finished folder can replace."""
+    """--out must be a new or empty local folder that the finished folder can replace."""
     if "://" in out_dir:
-        return
+        raise ConfigError(f"--out {out_dir} is a URL, but ArrayRecord writes local files only; prepare into a local "
+                          "folder (or a gcsfuse mount) and copy it to the bucket, e.g. gsutil -m cp -r")
     check_output_dir(out_dir, "--out")
     target = os.path.realpath(out_dir)
     if target == os.path.realpath(os.getcwd()) or os.path.ismount(target):
@@ -94,9 +103,7 @@ def check_out(out_dir: str) -> None:
 
 
 def partial_folder(out_dir: str) -> str:
-    """Where the folder is built: beside a local --out (beside a symlink's target), or --out itself for a URL."""
-    if "://" in out_dir:
-        return out_dir
+    """Where the folder is built: beside --out (beside a symlink's target)."""
     parent, name = os.path.split(os.path.realpath(out_dir))
     return os.path.join(parent, f".{name}.partial")
 
@@ -104,7 +111,7 @@ def partial_folder(out_dir: str) -> str:
 class _Journal:
     """progress.json: the groups written, the next task and the counts so far."""
 
-    def __init__(self, folder: epath.Path, ident: dict):
+    def __init__(self, folder: pathlib.Path, ident: dict):
         self.folder, self.ident = folder, ident
         self.groups, self.next_task = 0, 0
         self.report = corpus.ReadReport()
@@ -118,25 +125,21 @@ class _Journal:
         try:
             saved = json.loads(path.read_text())
             differ = [k for k in self.ident if saved["identity"].get(k) != self.ident[k]]
+            groups, next_task, shards = saved["groups"], saved["next_task"], saved["shards"]
+            report = corpus.ReadReport.from_json(saved["read"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"{path} is unreadable ({e!r}); delete {self.folder} to start over") from e
         if differ:
             raise ConfigError(f"{self.folder} holds an unfinished prepare-data whose {', '.join(differ)} differ from "
                               "this one's; rerun the command that started it (same inputs and flags) to resume, or "
                               f"delete {self.folder} to start over")
-        self.groups, self.next_task = saved["groups"], saved["next_task"]
-        self.report = corpus.ReadReport.from_json(saved["read"])
-        self.shards = saved["shards"]
+        self.groups, self.next_task, self.shards, self.report = groups, next_task, shards, report
         return True
 
     def save(self) -> None:
         data = {"identity": self.ident, "groups": self.groups, "next_task": self.next_task,
                 "read": self.report.to_json(), "shards": self.shards}
-        path = self.folder / PROGRESS
-        if "://" in str(self.folder):
-            path.write_text(json.dumps(data))  # one object store write: whole or absent
-        else:
-            write_json_atomic(str(path), data)
+        write_json_atomic(str(self.folder / PROGRESS), data)
 
     def clear_unlisted(self) -> None:
         """Removes files of a group that was being written when the run stopped."""
@@ -217,54 +220,52 @@ def prepare(cfg: DataConfig, out_dir: str, *, chunk_tokens: int = DEFAULT_CHUNK_
     check_out(out_dir)
     files = corpus.input_files(cfg)  # bad paths and tokenizers fail here, before anything is created
     tasks = corpus.plan_tasks(files)
-    ident = identity(cfg, files, chunk_tokens, shard_tokens)
-    url = "://" in out_dir
+    ident = identity(cfg, files, tasks, chunk_tokens, shard_tokens)
     work = partial_folder(out_dir)
-    epath.Path(work).mkdir(parents=True, exist_ok=True)
-    lock = None if url else lock_folder(work)
+    os.makedirs(work, exist_ok=True)
+    lock = lock_folder(work)
     try:
-        journal = _Journal(epath.Path(work), ident)
+        journal = _Journal(pathlib.Path(work), ident)
         if journal.load():  # another job's journal is refused here, and its folder kept
             print(f"prepare-data: resuming {work}: {journal.groups} shard groups "
                   f"({sum(journal.report.tokens.values()):,} tokens) done, from task {journal.next_task} of "
                   f"{len(tasks)}", file=stream)
-        return _build(cfg, tasks, journal, workers, out_dir, stream)
+        manifest = _build(cfg, tasks, journal, workers, stream)
     finally:
-        if lock is not None:
-            os.close(lock)
+        os.close(lock)
+    rename_into_place(work, out_dir)
+    os.unlink(os.path.join(out_dir, PROGRESS))  # kept until the rename: a kill before it loses nothing
+    return manifest
 
 
-def _build(cfg: DataConfig, tasks: list[corpus.Task], journal: _Journal, workers: int, out_dir: str,
-           stream) -> dict:
-    """Writes the remaining groups, the manifest and renames the folder; a bad input removes the folder."""
+def _build(cfg: DataConfig, tasks: list[corpus.Task], journal: _Journal, workers: int, stream) -> dict:
+    """Writes the remaining groups and the manifest; a bad input removes the folder."""
+    done = tasks[:journal.next_task]
+    progress = Progress(sum(t.n_bytes for t in tasks), sum(t.n_files for t in tasks),
+                        sum(t.n_bytes for t in done), sum(t.n_files for t in done), stream=stream)
     try:
         journal.clear_unlisted()
-        done = tasks[:journal.next_task]
-        progress = Progress(sum(t.n_bytes for t in tasks), sum(t.n_files for t in tasks),
-                            sum(t.n_bytes for t in done), sum(t.n_files for t in done), stream=stream)
         _write_groups(cfg, tasks, journal, workers, progress)
         if not journal.report.tokens["train"]:
             raise corpus.empty_corpus_error(cfg, journal.report)
         manifest = build_manifest(journal.ident, journal.report, journal.shards)
-        (journal.folder / arrayrecord.MANIFEST).write_text(json.dumps(manifest, indent=1))
-        (journal.folder / PROGRESS).unlink()
-        if "://" not in out_dir:
-            rename_into_place(str(journal.folder), out_dir)
-        manifest["closing"] = progress.close()
-        return manifest
+        write_json_atomic(str(journal.folder / arrayrecord.MANIFEST), manifest)
     except ConfigError:
-        journal.folder.rmtree(missing_ok=True)  # a bad input: nothing to resume
+        progress.close()
+        shutil.rmtree(journal.folder, ignore_errors=True)  # a bad input: nothing to resume
         raise
     except BaseException:
+        progress.close()
         print(f"prepare-data: stopped after {journal.groups} shard groups; rerun the same command to resume from "
               f"{journal.folder}", file=stream)
         raise
+    return {**manifest, "closing": progress.close()}
 
 
 def rename_into_place(work: str, out_dir: str) -> None:
-    target = os.path.realpath(out_dir)
+    """Moves the finished folder to --out; if that fails, the finished folder stays where it is, named."""
     try:
-        os.rename(work, target)  # replaces an empty folder; refuses one that is no longer empty
+        os.rename(work, os.path.realpath(out_dir))  # replaces an empty folder; refuses one that is no longer empty
     except OSError as e:
         raise ConfigError(f"--out {out_dir}: the finished folder cannot be renamed to it ({e.strerror}: was something "
-                          "written there meanwhile?); give a new or empty folder") from e
+                          f"written there meanwhile?); it is complete at {work}: move it where you want it") from e

@@ -1,10 +1,14 @@
 """`celerity demo`: the main job. A tiny CompleteP family trained twice on the built-in corpus.
 
-- `tau` recipe: every size at one TPP with τ pinned (weight decay derived from it);
+- `tau` recipe: every size at one TPP with τ pinned (weight decay derived from it), each size also with a
+  second seed (the middle size only in quick mode), which measures the seed-to-seed noise;
 - `naive` recipe: one batch, one weight decay and one token budget for all sizes (TPP and τ vary).
 
-Then `collapse.png` (normalized curves and residuals, both recipes side by side) and `report.md`
-(collapse quality of each recipe and their ratio). Each run is an ordinary run directory with its own
+Collapse is measured on the eval loss: every run evaluates the same fixed held-out batches at the same
+EVAL_POINTS points of t̂ (experiments/demo/eval.gin), a curve whose noise is small next to the family's
+spread, unlike one training batch per step. Then `collapse.png` (normalized eval curves and residuals,
+both recipes side by side) and `report.md`: collapse quality of each recipe and their ratio, Qiu et al.'s
+Δ/σ of the tau family, and the same numbers on the training-loss curves for comparison. Each run is an ordinary run directory with its own
 TensorBoard events: `tensorboard --logdir <workdir>`. Rerunning resumes unfinished runs and skips finished
 ones. The command line is `celerity_jax/cli/demo.py`.
 
@@ -24,6 +28,10 @@ from celerity_jax.errors import ConfigError
 SIZES = ("d48", "d64", "d80")
 RECIPES = ("tau", "naive")
 TARGET_RATIO = 3.0
+TARGET_DELTA_OVER_SIGMA = 1.5
+# The grid each loss curve is measured on: eval.gin's 50 points give two per bin; the training curve has a
+# point per step.
+GRIDS = {"eval": (25, 1), "train": (100, 5)}  # loss curve -> (bins, smoothing bins)
 # Where the seed-noise floor of the collapse measure was measured (the "seed noise" row).
 SEED_NOISE_RESULTS = "experiments/proxy_tuning/results.md"
 
@@ -42,13 +50,14 @@ class DemoRun:
     size: str
     gin_files: tuple[str, ...]
     gin_params: tuple[str, ...]
+    replica: int = 0  # 0: the family's run of this size; 1: the same run with another seed
 
     @property
     def name(self) -> str:
-        return f"{self.recipe}/{self.size}"
+        return f"{self.recipe}/{self.size}" + (f"-seed{self.replica}" if self.replica else "")
 
     def workdir(self, demo_dir: str) -> str:
-        return os.path.join(demo_dir, self.recipe, self.size)
+        return os.path.join(demo_dir, *self.name.split("/"))
 
 
 def demo_runs(sizes: tuple[str, ...], quick: bool) -> list[DemoRun]:
@@ -56,21 +65,26 @@ def demo_runs(sizes: tuple[str, ...], quick: bool) -> list[DemoRun]:
 
     Each size gets its own seed (the same in both recipes): runs that share a seed and a step count see
     the same batches at the same t̂, and that shared noise would cancel in the family's spread
-    (experiments/proxy_tuning/README.md §5)."""
+    (experiments/proxy_tuning/README.md §5). The tau recipe's second seeds follow after the first ones."""
     from celerity_jax import gin_config, recipe
 
     exp = experiments_dir()
+    eval_gin = os.path.join(exp, "demo", "eval.gin")
     extra = (os.path.join(exp, "demo", "quick.gin"),) if quick else ()
-    tau_files = {s: (os.path.join(exp, "tiny", f"{s}.gin"), os.path.join(exp, "demo", "tau.gin")) + extra
+    tau_files = {s: (os.path.join(exp, "tiny", f"{s}.gin"), os.path.join(exp, "demo", "tau.gin"), eval_gin) + extra
                  for s in sizes}
-    seeds = {s: f"TrainConfig.seed = {i}" for i, s in enumerate(sizes)}
-    runs = [DemoRun("tau", s, tau_files[s], (seeds[s],)) for s in sizes]
-    middle = gin_config.parse_gin(tau_files[sizes[len(sizes) // 2]])
-    naive_tokens = recipe.make_plan(middle.model, middle.recipe).tokens
+    seed = {s: i for i, s in enumerate(sizes)}
+    runs = [DemoRun("tau", s, tau_files[s], (f"TrainConfig.seed = {seed[s]}",)) for s in sizes]
+    middle = sizes[len(sizes) // 2]
+    middle_configs = gin_config.parse_gin(tau_files[middle])
+    naive_tokens = recipe.make_plan(middle_configs.model, middle_configs.recipe).tokens
     for s in sizes:
-        files = (os.path.join(exp, "tiny", f"{s}.gin"), os.path.join(exp, "demo", "naive.gin"))
+        files = (os.path.join(exp, "tiny", f"{s}.gin"), os.path.join(exp, "demo", "naive.gin"), eval_gin)
         n_params = recipe.params.count_params(gin_config.parse_gin(files).model)
-        runs.append(DemoRun("naive", s, files, (f"RecipeConfig.tpp = {naive_tokens / n_params!r}", seeds[s])))
+        runs.append(DemoRun("naive", s, files, (f"RecipeConfig.tpp = {naive_tokens / n_params!r}",
+                                                f"TrainConfig.seed = {seed[s]}")))
+    for s in ((middle,) if quick else sizes):
+        runs.append(DemoRun("tau", s, tau_files[s], (f"TrainConfig.seed = {len(sizes) + seed[s]}",), replica=1))
     return runs
 
 
@@ -87,45 +101,79 @@ def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, 
     return write_report(workdir, runs, seconds, quick=quick)
 
 
+def measure(workdir: str, runs: list[DemoRun], loss: str) -> tuple[dict, dict]:
+    """(family comparison per recipe, summary) on one loss curve: each recipe's first-seed family, the ratio of
+    their mean absolute deviations, and Qiu et al.'s Δ/σ of the tau family over all its seeds."""
+    from celerity_jax.collapse import compare, files
+
+    n_bins, smooth_bins = GRIDS[loss]
+
+    def family(recipe_name: str, replicas: bool) -> compare.FamilyComparison:
+        curves = [files.load_curve(r.workdir(workdir), loss=loss) for r in runs
+                  if r.recipe == recipe_name and (replicas or not r.replica)]
+        return compare.compare_family(curves, n_bins=n_bins, smooth_bins=smooth_bins)
+
+    families = {name: family(name, replicas=False) for name in RECIPES}
+    summary = {name: fam.quality for name, fam in families.items()}
+    summary["ratio"] = summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"]
+    summary["supercollapse"] = family("tau", replicas=True).quality.get("supercollapse")
+    return families, summary
+
+
 def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], quick: bool) -> dict:
-    """Collapse quality per recipe, their ratio, the figure and report.md; `seconds`: each run's training
-    time by name."""
+    """Collapse quality per recipe on the eval and the training curves, their ratios, the tau family's Δ/σ,
+    the figure and report.md; `seconds`: each run's training time by name. Returns the eval summary, with
+    the training-curve summary under "train"."""
     from celerity_jax.collapse import compare, files
     from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
-    families = {}
-    for recipe_name in RECIPES:
-        curves = [files.load_curve(r.workdir(workdir)) for r in runs if r.recipe == recipe_name]
-        families[recipe_name] = compare.compare_family(curves, n_bins=100, smooth_bins=5)
+    measured = {loss: measure(workdir, runs, loss) for loss in GRIDS}
+    families, summary = measured["eval"]
     compare.plot_families({f"{name} recipe": fam for name, fam in families.items()},
                           os.path.join(workdir, "collapse.png"))
-    summary = {name: fam.quality for name, fam in families.items()}
-    summary["ratio"] = summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"]
     rows = []
     for r in runs:
         with open(os.path.join(r.workdir(workdir), "plan.json")) as f:
             plan = json.load(f)
-        row = next(x for x in families[r.recipe].rows if x["curve"].startswith(r.workdir(workdir)))
-        rows.append([r.recipe, r.size, f"{plan['n_params']:,}", f"{plan['tpp']:.2f}", f"{plan['tau']:.3f}",
-                     f"{plan['weight_decay']:.3g}", plan["batch_seqs"], plan["steps"], f"{row['final_loss']:.4f}",
-                     f"{row['mae']:.4f}", f"{seconds.get(r.name, float('nan')):.0f}"])
+        mae = next((f"{x['mae']:.4f}" for x in families[r.recipe].rows if x["curve"].startswith(r.workdir(workdir))
+                    and not r.replica), "(seed noise)")
+        eval_curve = files.load_curve(r.workdir(workdir), loss="eval")
+        rows.append([r.recipe, r.name.split("/")[1], f"{plan['n_params']:,}", f"{plan['tpp']:.2f}",
+                     f"{plan['tau']:.3f}", f"{plan['weight_decay']:.3g}", plan["batch_seqs"], plan["steps"],
+                     f"{eval_curve.loss_T[-1]:.4f}", mae, f"{seconds.get(r.name, float('nan')):.0f}"])
     lines = [
         "# celerity demo: does the tau recipe collapse?", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
         f"{'quick' if quick else 'full'} budget; {time.strftime('%Y-%m-%d %H:%M')}.", ""]
-    lines += markdown.table(["recipe", "size", "N", "TPP", "tau", "weight decay", "batch (seqs)", "steps",
-                             "final loss", "MAE vs family mean", "time (s)"], rows)
-    lines += ["", "Collapse quality over t̂ in [0.2, 1] (normalized curves L(t̂)/L(T), 100 bins smoothed over 5):", ""]
-    lines += markdown.table(["recipe", "mean abs deviation", "mean range", "max range"],
-                            ([name] + [f"{summary[name][k]:.4f}" for k in ("mean_abs_dev", "mean_range", "max_range")]
-                             for name in RECIPES))
-    met = "met" if summary["ratio"] >= TARGET_RATIO else "NOT met"
-    lines += ["", f"Ratio naive / tau of the mean absolute deviation: **{summary['ratio']:.2f}** "
-                  f"(target >= {TARGET_RATIO:g}: {met}).", "",
-              "Each size trains with its own seed (batch order), the same in both recipes. For scale: how much "
-              "two seeds of one run differ on this measure (the \"seed noise\" row of "
-              f"{SEED_NOISE_RESULTS}) is a floor under the tau recipe's spread.", "",
-              "![collapse](collapse.png)", ""]
+    lines += markdown.table(["recipe", "run", "N", "TPP", "tau", "weight decay", "batch (seqs)", "steps",
+                             "final eval loss", "MAE vs family mean (eval)", "time (s)"], rows)
+    lines += ["", "Collapse quality over t̂ in [0.2, 1] of the normalized curves L(t̂)/L(T), each recipe's first-seed "
+                  "family. Eval: the loss on fixed held-out batches at 50 points of t̂ (experiments/demo/eval.gin), "
+                  f"{GRIDS['eval'][0]} bins; train: the training loss of every step, {GRIDS['train'][0]} bins "
+                  f"smoothed over {GRIDS['train'][1]}.", ""]
+    lines += markdown.table(["loss curve", "recipe", "mean abs deviation", "mean range", "max range"],
+                            ([loss, name] + [f"{measured[loss][1][name][k]:.4f}"
+                                             for k in ("mean_abs_dev", "mean_range", "max_range")]
+                             for loss in GRIDS for name in RECIPES))
+    lines.append("")
+    for loss in GRIDS:
+        s = measured[loss][1]
+        met = "met" if s["ratio"] >= TARGET_RATIO else "NOT met"
+        lines.append(f"- {loss} curves: ratio naive / tau of the mean absolute deviation **{s['ratio']:.2f}** "
+                     f"(target >= {TARGET_RATIO:g}: {met}); " + _supercollapse_text(s["supercollapse"]))
+    lines += ["", "Each size trains with its own seed (batch order), the same in both recipes; the tau recipe's "
+                  "second seeds measure σ, the seed-to-seed spread, against Δ, the spread across sizes of the "
+                  f"seed-mean curves (Qiu et al.'s supercollapse: Δ < σ). Earlier floor on the training curve: "
+                  f"{SEED_NOISE_RESULTS}.", "", "![collapse](collapse.png)", ""]
     write_text_atomic(os.path.join(workdir, "report.md"), "\n".join(lines))
+    summary = {"loss": "eval", **summary, "train": measured["train"][1]}
     write_json_atomic(os.path.join(workdir, "report.json"), summary)
     return summary
+
+
+def _supercollapse_text(supercollapse: dict | None) -> str:
+    if supercollapse is None:
+        return "no second seed, so no Δ/σ"
+    met = "met" if supercollapse["ratio"] <= TARGET_DELTA_OVER_SIGMA else "NOT met"
+    return (f"tau family Δ/σ = {supercollapse['delta']:.4f} / {supercollapse['sigma']:.4f} = "
+            f"**{supercollapse['ratio']:.2f}** (target <= {TARGET_DELTA_OVER_SIGMA:g}: {met})")

@@ -243,3 +243,38 @@ def test_the_shipped_default_loads_with_its_provenance():
     assert len(data["curves"]) >= 4 and all({"tau", "tpp", "mae"} <= set(c) for c in data["curves"])
     assert 0 < data["mae"] < 0.1 and len(set(c["tau"] for c in data["curves"])) > 1
     assert all(np.isfinite([constants.b_c, constants.b_e, constants.q_c, constants.q_e]))
+
+
+def test_eval_curves_from_a_run_directory_events_and_a_csv_column(tmp_path):
+    run = tmp_path / "run"
+    os.makedirs(run)
+    _write(run / "plan.json", json.dumps(PLAN))
+    _write(run / "curve.csv", "step,tokens,frac,loss\n1,20000,0.01,3.0\n2,40000,0.02,2.9\n")
+    with pytest.raises(ConfigError, match="has no eval.csv: the run recorded no eval loss; train it with "
+                                          "TrainConfig.eval_every or eval_points"):
+        files.load_curve(str(run), loss="eval")
+    _write(run / "eval.csv", "step,tokens,frac,loss\n50,1000000,0.5,2.5\n100,2000000,1.0,2.2\n")
+    curve = files.load_curve(str(run), loss="eval")
+    assert curve.loss == "eval" and curve.source.endswith("eval.csv") and curve.finished
+    np.testing.assert_allclose(curve.loss_T, [2.5, 2.2])
+    assert files.load_curve(str(run)).loss == "train"
+
+    events = tmp_path / "tb"
+    writer = Writer(str(events))
+    for step, train, held_out in [(1, 3.0, None), (2, 2.9, 2.8), (3, 2.7, None), (4, 2.6, 2.5)]:
+        writer.add_scalar("train/loss", train, step)
+        if held_out is not None:
+            writer.add_scalar("eval/loss", held_out, step)
+    writer.close()
+    curve = files.load_curve(str(events), loss="eval")
+    np.testing.assert_allclose(curve.step_T, [2, 4])
+    np.testing.assert_allclose(curve.loss_T, [2.8, 2.5], rtol=1e-6)
+
+    path = _csv(tmp_path / "both.csv", [1, 2, 3], ["3.0,", "2.9,2.7", "2.8,2.6"], header="step,loss,eval_loss")
+    curve = files.load_curve(str(path), loss="eval")
+    np.testing.assert_allclose(curve.step_T, [2, 3])
+    np.testing.assert_allclose(curve.loss_T, [2.7, 2.6])
+    with pytest.raises(ConfigError, match=r"lacks column\(s\) \['eval_loss'\]"):
+        files.load_curve(_csv(tmp_path / "train_only.csv", [1, 2], [3.0, 2.9]), loss="eval")
+    with pytest.raises(ConfigError, match=r"the loss curve 'test' is not one of \('train', 'eval'\)"):
+        files.load_curve(str(path), loss="test")

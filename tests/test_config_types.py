@@ -70,3 +70,12 @@ def test_an_annotation_without_a_rule_is_a_programming_error():
 
     with pytest.raises(TypeError, match="no check for the annotation"):
         check_field_types(Config())
+
+
+def test_eval_points_spread_evals_over_the_same_fractions_for_every_length():
+    assert TrainConfig(eval_points=4, eval_every=0).eval_steps(100) == {25, 50, 75, 100}
+    assert TrainConfig(eval_points=4, eval_every=0).eval_steps(1143) == {286, 572, 857, 1143}
+    assert TrainConfig(eval_points=0, eval_every=100).eval_steps(1143) == {1143}  # the last step too
+    assert TrainConfig(eval_points=0, eval_every=0).eval_steps(1143) == frozenset()
+    with pytest.raises(ConfigError, match="TrainConfig.eval_points=-1 must be >= 0"):
+        TrainConfig(eval_points=-1)

@@ -24,37 +24,48 @@ def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
     assert max(tokens) / min(tokens) < 1.01
     assert {p.weight_decay for p in naive_plans} == {1.0}
     assert max(p.tau for p in naive_plans) / min(p.tau for p in naive_plans) > 1.5
-    seeds = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params).train.seed for run in runs}
+    configs = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params) for run in runs}
+    seeds = {name: c.train.seed for name, c in configs.items()}
     assert len({seeds[f"tau/{s}"] for s in demo.SIZES}) == 3  # no shared batch order within a family
     assert all(seeds[f"tau/{s}"] == seeds[f"naive/{s}"] for s in demo.SIZES)
+    assert len(set(seeds.values())) == 6 and all(plans[f"tau/{s}-seed1"] == plans[f"tau/{s}"] for s in demo.SIZES)
+    assert {(c.train.eval_points, c.train.eval_batches) for c in configs.values()} == {(50, 8)}
+    quick = [run.name for run in demo.demo_runs(demo.SIZES, quick=True)]
+    assert quick == [f"{r}/{s}" for r in demo.RECIPES for s in demo.SIZES] + ["tau/d64-seed1"]
 
 
-def _fake_run(workdir, shape_scale, final, n_params, tau):
+def _fake_run(workdir, shape_scale, final, n_params, tau, noise=0.002):
     os.makedirs(workdir)
     steps = 400
     step = np.arange(1, steps + 1)
     frac = step / steps
-    loss = final * (1 + shape_scale * (1 - frac) ** 2) + 0.002 * np.sin(step)
-    with open(os.path.join(workdir, "curve.csv"), "w") as f:
-        f.write("step,tokens,frac,loss\n")
-        for s, fr, l in zip(step, frac, loss):
-            f.write(f"{s},{s * 64},{fr},{l}\n")
+    loss = final * (1 + shape_scale * (1 - frac) ** 2) + noise * np.sin(step * (1 + n_params + noise))
+    for name, rows in (("curve.csv", range(steps)), ("eval.csv", range(7, steps, 8))):  # 50 evals
+        with open(os.path.join(workdir, name), "w") as f:
+            f.write("step,tokens,frac,loss\n")
+            for i in rows:
+                f.write(f"{step[i]},{step[i] * 64},{frac[i]},{loss[i]}\n")
     plan = {"n_params": n_params, "tpp": 8.0, "tau": tau, "schedule": "d2z", "steps": steps, "warmup_steps": 40,
             "weight_decay": 0.5, "batch_seqs": 8}
     with open(os.path.join(workdir, "plan.json"), "w") as f:
         json.dump(plan, f)
 
 
-def test_report_measures_each_recipe_and_their_ratio(tmp_path):
+def test_report_measures_each_recipe_their_ratio_and_the_seed_noise(tmp_path):
     runs = []
     for i, size in enumerate(demo.SIZES):
         runs += [demo.DemoRun("tau", size, (), ()), demo.DemoRun("naive", size, (), ())]
         _fake_run(tmp_path / "tau" / size, 0.5 + 0.01 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3)
         _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
+    runs.append(demo.DemoRun("tau", "d64", (), (), replica=1))
+    _fake_run(tmp_path / "tau" / "d64-seed1", 0.51, 2.8, 2e5, 0.3, noise=0.02)
     summary = demo.write_report(str(tmp_path), runs, {}, quick=True)
-    assert summary["naive"]["mean_abs_dev"] > 5 * summary["tau"]["mean_abs_dev"]
+    assert summary["loss"] == "eval" and summary["naive"]["mean_abs_dev"] > 5 * summary["tau"]["mean_abs_dev"]
     assert summary["ratio"] == pytest.approx(summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"])
+    assert summary["train"]["ratio"] > 5 and summary["supercollapse"]["ratio"] < 1  # the seed noise dominates
     report = (tmp_path / "report.md").read_text()
-    assert f"**{summary['ratio']:.2f}**" in report and "met" in report
+    assert f"- eval curves: ratio naive / tau of the mean absolute deviation **{summary['ratio']:.2f}**" in report
+    assert f"= **{summary['supercollapse']['ratio']:.2f}** (target <= 1.5: met)" in report
+    assert "| tau | d64-seed1 |" in report and "(seed noise)" in report
     assert demo.SEED_NOISE_RESULTS in report and os.path.isfile(os.path.join(ROOT, demo.SEED_NOISE_RESULTS))
     assert (tmp_path / "collapse.png").stat().st_size > 10_000

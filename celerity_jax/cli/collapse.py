@@ -14,11 +14,17 @@ import sys
 from celerity_jax.cli import options
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, check_output_file
+from celerity_jax.train.rundir import LOSS_CSV
 
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser("collapse", help="normalized loss curves: reference, predict, compare, fit")
     sub = parser.add_subparsers(dest="collapse_command", required=True)
+
+    def loss_option(p) -> None:
+        p.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="train",
+                       help="which loss of each CURVE: the training loss (curve.csv, train/loss) or the held-out "
+                            "eval loss (eval.csv, eval/loss, an eval_loss column)")
 
     def grid_options(p, window: bool = False) -> None:
         p.add_argument("--bins", type=int, default=1000, help="t̂ bins of the curve grid")
@@ -40,6 +46,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--warmup-frac", type=float, default=0.0)
     p.add_argument("--n-params", type=float)
     grid_options(p)
+    loss_option(p)
     p.set_defaults(func=cmd_reference)
 
     p = sub.add_parser("predict", help="predict the final loss of a partial curve by early-align")
@@ -49,6 +56,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--n-params", type=float, help="the run's N (else from plan.json/sidecar)")
     options.add_json_option(p, "the prediction")
     grid_options(p, window=True)
+    loss_option(p)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("compare", help="plot normalized curves and residuals; print collapse quality")
@@ -57,6 +65,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", required=True, help="figure path (.png)")
     options.add_json_option(p, "the table")
     grid_options(p, window=True)
+    loss_option(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("fit", help="fit the surrogate's constants to finished curves")
@@ -64,6 +73,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--bins", type=int, default=1000)
     p.add_argument("--smooth-bins", type=int, default=11)
+    loss_option(p)
     p.set_defaults(func=cmd_fit)
 
 
@@ -137,7 +147,7 @@ def cmd_reference(args) -> int:
     else:
         if not args.curves:
             raise ConfigError("give the finished CURVEs (seeds of one size) or --surrogate")
-        runs = [files.load_curve(c) for c in args.curves]
+        runs = [files.load_curve(c, loss=args.loss_curve) for c in args.curves]
         ref = reference.reference_from_curves(runs, grid.n_bins, grid.smooth_bins, grid.offset, args.force)
     files.save_reference(ref, args.out)
     print(f"wrote {args.out}: {ref.provenance['kind']}, controls {ref.controls.to_dict()}")
@@ -171,7 +181,7 @@ def cmd_predict(args) -> int:
     paths = _reference_paths(args.reference)
     _check_curves([args.curve], "--curve")
     _check_out(args.json, paths + [args.curve], "--json")
-    run = files.load_curve(args.curve, args.total_steps)
+    run = files.load_curve(args.curve, args.total_steps, loss=args.loss_curve)
     if run.total_from == "last step":
         raise ConfigError(f"{run.source}: the run's total steps are unknown (no plan.json, sidecar or frac "
                           "column); pass --total-steps")
@@ -195,7 +205,8 @@ def cmd_predict(args) -> int:
                                    "pred_final_loss_err": single["pred_final_loss_err"]}
     if options.emit_json(args.json, out):
         return 0
-    print(f"curve {run.source}: step {out['step']} of {run.total_steps} (t̂ = {out['observed_frac']:.3f})")
+    print(f"curve {run.source} ({run.loss} loss): step {out['step']} of {run.total_steps} "
+          f"(t̂ = {out['observed_frac']:.3f})")
     print(f"aligned over t̂ in [{out['window'][0]:.3g}, {out['window'][1]:.3g}] to {out['method']} "
           f"({len(paths)} reference(s))")
     lo95, hi95 = out["interval_95"]
@@ -221,7 +232,7 @@ def cmd_compare(args) -> int:
     references = _reference_paths(args.reference)
     _check_curves(args.curves)
     _check_out(args.json, args.curves + references + [args.out], "--json")
-    runs = [files.load_curve(c) for c in args.curves]
+    runs = [files.load_curve(c, loss=args.loss_curve) for c in args.curves]
     fam = compare.compare_family(runs, grid.n_bins, grid.smooth_bins, grid.offset, references, window, args.force)
     compare.plot_families({"": fam}, args.out)
     table = {"rows": fam.rows, "residuals_against": fam.baseline, "quality": fam.quality,
@@ -233,7 +244,7 @@ def cmd_compare(args) -> int:
         onset = row.get("alert_onset_frac")
         print(f"{row['curve'][-40:]:40s} {row.get('n_params', math.nan):9.3g} {row['final_loss']:8.4f} "
               f"{row['mae']:8.4f} {row['max_abs_residual']:8.4f} {'-' if onset is None else f'{onset:.3f}':>8s}")
-    print(f"residuals against the {fam.baseline}, over t̂ in [0.2, 1]")
+    print(f"{args.loss_curve} loss curves; residuals against the {fam.baseline}, over t̂ in [0.2, 1]")
     print("collapse quality: " + ", ".join(f"{k} {v:.4f}" for k, v in fam.quality.items() if k != "supercollapse"))
     if "supercollapse" in fam.quality:
         s = fam.quality["supercollapse"]
@@ -251,7 +262,7 @@ def cmd_fit(args) -> int:
     grid = _grid(args)
     _check_out(args.out, args.curves)
     _check_curves(args.curves)
-    runs = [files.load_curve(c) for c in args.curves]
+    runs = [files.load_curve(c, loss=args.loss_curve) for c in args.curves]
     inputs = surrogate.surrogate_inputs(runs, grid.n_bins, grid.smooth_bins)
     info, tau_C, tpp_C = inputs.info, inputs.tau_C, inputs.tpp_C
     fit = surrogate.fit_surrogate(*inputs.arrays())

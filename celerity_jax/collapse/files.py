@@ -6,6 +6,9 @@ A CURVE is one of:
   with `plan.json` in it or in one of its two parents, if any;
 - a CSV file whose header holds `step` and `loss` (optional `tokens`, `frac`), with an optional sidecar
   `<name>.json` beside it giving the controls.
+Each holds a training-loss curve and may hold an eval-loss curve (the loss on fixed held-out batches),
+read with `loss="eval"`: `eval.csv` in a run directory, the scalar `eval/loss` in events, or an
+`eval_loss` column in a CSV (rows with an empty cell skipped).
 Controls are read by key (controls.controls_from_mapping), so plan.json may hold more.
 
 A reference JSON holds a `Reference` (built by reference.py), a surrogate JSON the constants fitted by
@@ -25,9 +28,11 @@ from celerity_jax.collapse import surrogate
 from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, Controls, controls_from_mapping
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, write_json_atomic
-from celerity_jax.train.rundir import CURVE_CSV, PLAN_JSON  # the run directory's file names
+from celerity_jax.train.rundir import CURVE_CSV, LOSS_CSV, PLAN_JSON  # the run directory's file names
 
-LOSS_TAG = "train/loss"
+LOSS_CURVES = tuple(LOSS_CSV)
+LOSS_TAG = {"train": "train/loss", "eval": "eval/loss"}
+LOSS_COLUMN = {"train": "loss", "eval": "eval_loss"}
 FRAC_TAG = "progress/frac"
 CURVE_KINDS = "a run directory, a TensorBoard event directory or a curve .csv file"
 REFERENCE_FORMAT = "celerity-collapse-reference/1"
@@ -48,6 +53,7 @@ class Curve:
     total_steps: int
     total_from: str  # "given", the plan/sidecar path, "frac column" or "last step" (assumed finished)
     controls: Controls
+    loss: str = "train"  # which loss: "train" or "eval" (held-out)
 
     @property
     def finished(self) -> bool:
@@ -80,27 +86,33 @@ def check_curve_path(path: str, flag: str = "CURVE") -> None:
         raise ConfigError(f"{flag} {path} does not exist; give {CURVE_KINDS}")
 
 
-def load_curve(path: str, total_steps: int | None = None) -> Curve:
-    """Reads and checks one CURVE (see the module docstring); bad input raises ConfigError."""
+def load_curve(path: str, total_steps: int | None = None, loss: str = "train") -> Curve:
+    """Reads and checks one CURVE (see the module docstring), its training (`loss="train"`) or eval loss;
+    bad input raises ConfigError."""
+    if loss not in LOSS_CURVES:
+        raise ConfigError(f"the loss curve {loss!r} is not one of {LOSS_CURVES}")
     path = os.path.normpath(path)
     check_curve_path(path)
     meta_path = None
     if os.path.isdir(path):
         name = os.path.basename(os.path.abspath(path))
         if os.path.isfile(os.path.join(path, CURVE_CSV)):
-            source = os.path.join(path, CURVE_CSV)
+            source = os.path.join(path, LOSS_CSV[loss])
+            if not os.path.isfile(source):
+                raise ConfigError(f"{path} has no {LOSS_CSV[loss]}: the run recorded no eval loss; train it with "
+                                  "TrainConfig.eval_every or eval_points, or use the training curve")
             step_T, loss_T, frac_T = _read_csv(source)
             candidates = [path]
         else:
             source = path
-            step_T, loss_T, frac_T = _read_events(path)
+            step_T, loss_T, frac_T = _read_events(path, loss)
             parent = os.path.dirname(os.path.abspath(path))
             candidates = [path, parent, os.path.dirname(parent)]
         meta_path = next((os.path.join(d, PLAN_JSON) for d in candidates
                           if os.path.isfile(os.path.join(d, PLAN_JSON))), None)
     else:
         source, name = path, os.path.basename(path)[:-4]
-        step_T, loss_T, frac_T = _read_csv(path)
+        step_T, loss_T, frac_T = _read_csv(path, LOSS_COLUMN[loss])
         if os.path.isfile(path[:-4] + ".json"):
             meta_path = path[:-4] + ".json"
     meta = read_json(meta_path) if meta_path else {}
@@ -119,7 +131,7 @@ def load_curve(path: str, total_steps: int | None = None) -> Curve:
                           f"last step is {int(step_T[-1])}; pass the run's real total steps")
     if frac_T is None:
         frac_T = step_T / total_steps
-    return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), total_from, controls)
+    return Curve(name, source, step_T, loss_T, frac_T, int(total_steps), total_from, controls, loss)
 
 
 def _step(text: str) -> int | None:
@@ -133,7 +145,7 @@ def _step(text: str) -> int | None:
     return int(value)
 
 
-def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _read_csv(path: str, loss_column: str = "loss") -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             lines = [(i, r) for i, r in enumerate(csv.reader(f), start=1) if r]
@@ -148,13 +160,16 @@ def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     if not lines:
         raise ConfigError(f"{path}: empty file; a curve CSV needs a header with 'step' and 'loss'")
     header = [h.strip().lower() for h in lines[0][1]]
-    missing = [c for c in ("step", "loss") if c not in header]
+    missing = [c for c in ("step", loss_column) if c not in header]
     if missing:
         raise ConfigError(f"{path}: the header {lines[0][1]} lacks column(s) {missing}; a curve CSV needs "
-                          "'step' and 'loss' (optional 'tokens', 'frac')")
+                          f"'step' and {loss_column!r} (optional 'tokens', 'frac')")
+    if loss_column != "loss":  # an eval column is filled at the evaluated steps only
+        col = header.index(loss_column)
+        lines = lines[:1] + [(i, r) for i, r in lines[1:] if col < len(r) and r[col].strip()]
     if len(lines) < 2:
         raise ConfigError(f"{path}: no data rows under the header")
-    cols = {c: header.index(c) for c in ("step", "loss", "frac") if c in header}
+    cols = {c: header.index(c) for c in ("step", loss_column, "frac") if c in header}
     step_T = np.empty(len(lines) - 1, np.int64)
     values = {c: np.empty(len(lines) - 1) for c in cols if c != "step"}
     for row_index, (line, row) in enumerate(lines[1:]):
@@ -169,10 +184,10 @@ def _read_csv(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
                 values[c][row_index] = float(cells[c])
             except ValueError:
                 raise ConfigError(f"{path}, line {line}: {c!r} is {cells[c]!r}, not a number") from None
-    return step_T, values["loss"], values.get("frac")
+    return step_T, values[loss_column], values.get("frac")
 
 
-def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _read_events(path: str, loss: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     from tensorboard.backend.event_processing import event_accumulator
     from tensorboard.util import tensor_util
 
@@ -183,18 +198,19 @@ def _read_events(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
             d, size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
         acc.Reload()
         tags = acc.Tags()
-        for tag in (LOSS_TAG, FRAC_TAG):
+        for tag in (LOSS_TAG[loss], FRAC_TAG):
             events = [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] if tag in tags["scalars"] else []
             if tag in tags["tensors"]:  # scalars written as tensors (tensorboard.summary.Writer)
                 events += [(e.wall_time, e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
                            for e in acc.Tensors(tag)]
             # A restarted run logs some steps twice: the latest write of a step wins.
             series.setdefault(tag, {}).update({s: v for _, s, v in sorted(events)})
-    if not series.get(LOSS_TAG):
-        raise ConfigError(f"{path}: no {CURVE_CSV} and no TensorBoard scalar {LOSS_TAG!r} under it; "
+    tag = LOSS_TAG[loss]
+    if not series.get(tag):
+        raise ConfigError(f"{path}: no {CURVE_CSV} and no TensorBoard scalar {tag!r} under it; "
                           "give a run directory, an event directory or a CSV")
-    step_T = np.array(sorted(series[LOSS_TAG]), np.int64)
-    loss_T = np.array([series[LOSS_TAG][s] for s in step_T])
+    step_T = np.array(sorted(series[tag]), np.int64)
+    loss_T = np.array([series[tag][s] for s in step_T])
     fracs = series.get(FRAC_TAG, {})
     frac_T = np.array([fracs[s] for s in step_T]) if all(s in fracs for s in step_T) else None
     return step_T, loss_T, frac_T

@@ -39,8 +39,8 @@ def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offs
                               "a reference averages seeds of one size and recipe. Pass --force to mix them")
     normalized, finals = zip(*(curves.normalize_run(run, n_bins, smooth_bins, offset) for run in runs))
     normalized_KxG = np.stack(normalized)
-    provenance = {"kind": "curves", "sources": [r.source for r in runs], "n_seeds": len(runs),
-                  "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
+    provenance = {"kind": "curves", "sources": [r.source for r in runs], "loss_curve": runs[0].loss,
+                  "n_seeds": len(runs), "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
     return Reference(curves.bin_centers(n_bins), normalized_KxG.mean(axis=0),
                      normalized_KxG.std(axis=0, ddof=1) if len(runs) > 1 else None, runs[0].controls,
                      float(offset), float(np.mean(finals)), provenance)

@@ -24,6 +24,9 @@ class TrainConfig:
     z_loss: float = 0.0
     log_every: int = 10
     eval_every: int = 100
+    # Also evaluate at this many evenly spaced points of t̂ (steps round(k·T/eval_points)), the same t̂ for
+    # every size of a family; eval.csv holds the eval curve. 0: only every eval_every steps.
+    eval_points: int = 0
     eval_batches: int = 4
     checkpoint_every: int = 500
     keep_last: int = 3
@@ -55,11 +58,20 @@ class TrainConfig:
         for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("eval_every", "keep_every", "max_bad_steps", "stop_at_step"):
+        for name in ("eval_every", "eval_points", "keep_every", "max_bad_steps", "stop_at_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
+
+    def eval_steps(self, total_steps: int) -> frozenset[int]:
+        """The steps evaluated besides every eval_every-th: the eval_points spread over t̂, and the last step
+        whenever evals are on."""
+        n = self.eval_points
+        steps = {max(1, round(k * total_steps / n)) for k in range(1, n + 1)} if n else set()
+        if self.eval_every or n:
+            steps.add(total_steps)
+        return frozenset(steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -116,19 +116,21 @@ def restore_state(source: Source, like_state):
 
 
 def start_run_dir(source: Source, workdir: str, differences: list[str], total_steps: int) -> None:
-    """Writes init_from.json and, unless the workdir has one, curve.csv with the source's rows up to the step."""
+    """Writes init_from.json and, unless the workdir has them, curve.csv and eval.csv with the source's rows
+    up to the step."""
     write_json_atomic(os.path.join(workdir, rundir.INIT_FROM_JSON), {
         "source": source.run_dir, "checkpoint": os.path.join(source.checkpoints_dir, str(source.step)),
         "step": source.step, "frac": source.step / total_steps, "differences": differences,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-    src, dst = os.path.join(source.run_dir, rundir.CURVE_CSV), os.path.join(workdir, rundir.CURVE_CSV)
-    if os.path.exists(dst) or not os.path.exists(src):
-        return
-    with open(src, newline="") as f:
-        rows = list(csv.reader(f))
-    text = io.StringIO()
-    csv.writer(text).writerows([rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= source.step])
-    write_text_atomic(dst, text.getvalue())
+    for name in (rundir.CURVE_CSV, rundir.EVAL_CSV):
+        src, dst = os.path.join(source.run_dir, name), os.path.join(workdir, name)
+        if os.path.exists(dst) or not os.path.exists(src):
+            continue
+        with open(src, newline="") as f:
+            rows = list(csv.reader(f))
+        text = io.StringIO()
+        csv.writer(text).writerows([rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= source.step])
+        write_text_atomic(dst, text.getvalue())
 
 
 def describe(source: Source, differences: list[str], total_steps: int) -> str:

@@ -6,6 +6,7 @@ A run directory holds:
 - plan.json: the recipe's plan (steps, batch, learning rates, ...);
 - config.gin: the operative gin config, defaults included;
 - curve.csv: one row per step with a finite loss (step, tokens, frac, loss; see writers.CurveCSV);
+- eval.csv: one row per eval, the loss on the fixed held-out batches (the same columns);
 - TensorBoard events (events.out.tfevents.*);
 - checkpoints/: the train state and data position (see checkpoint.py);
 - timing.json: the wall-clock seconds spent training it (see celerity_jax.run);
@@ -27,6 +28,8 @@ RUN_JSON = "run.json"
 PLAN_JSON = "plan.json"
 CONFIG_GIN = "config.gin"
 CURVE_CSV = "curve.csv"
+EVAL_CSV = "eval.csv"
+LOSS_CSV = {"train": CURVE_CSV, "eval": EVAL_CSV}  # the loss curves a run records
 CHECKPOINTS = "checkpoints"
 TIMING_JSON = "timing.json"
 INIT_FROM_JSON = "init_from.json"

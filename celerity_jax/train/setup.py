@@ -46,6 +46,7 @@ class Trainer:
     checkpointer: Checkpointer
     tb: TensorBoardWriter | None   # the writers exist on process 0 only
     curve: CurveCSV | None
+    eval_curve: CurveCSV | None
     is_chief: bool                 # process 0: writes files and prints
     state: step_lib.TrainState     # at start_step (the first step donates it)
     start_step: int
@@ -206,6 +207,7 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
 
         tb = TensorBoardWriter(workdir) if is_chief else None
         curve = CurveCSV(os.path.join(workdir, rundir.CURVE_CSV), start_step) if is_chief else None
+        eval_curve = CurveCSV(os.path.join(workdir, rundir.EVAL_CSV), start_step) if is_chief else None
         if tb and operative_config and (start_step == 0 or init_description):
             tb.text(start_step, "config/operative_gin", _indented(operative_config))
             tb.text(start_step, "config/plan", _indented(plan.to_json()))
@@ -217,8 +219,8 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
         yield Trainer(
             workdir=workdir, plan=plan, train_cfg=train_cfg, monitor_cfg=configs.monitor, train_step=train_step,
             eval_step=eval_step, eval_batches=eval_batches, reference_G=reference_G, data_it=data_it,
-            batch_sharding=batch_sh, checkpointer=checkpointer, tb=tb, curve=curve, is_chief=is_chief, state=state,
-            start_step=start_step, restored_step=restored_step,
+            batch_sharding=batch_sh, checkpointer=checkpointer, tb=tb, curve=curve, eval_curve=eval_curve,
+            is_chief=is_chief, state=state, start_step=start_step, restored_step=restored_step,
             init_from=os.path.join(source.checkpoints_dir, str(source.step)) if init_description else None)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -64,6 +64,22 @@ def test_jitted_monitor_agrees_with_the_offline_functions():
         curves.smooth(*curves.bin_curve(frac_T, _clean()[1], CFG.n_bins), CFG.smooth_bins)[0][-1]), rel=3e-3)
 
 
+def test_monitor_curve_is_the_aligned_curve_so_far():
+    frac_T, _ = _clean()
+    loss_T = _noisy(1)[0]
+    ref_G = _reference_G()
+    state = _scan_monitor(frac_T, np.where(frac_T <= 0.6, loss_T, np.nan))
+    curve_G = np.asarray(monitor.monitor_curve(state, ref_G, CFG))
+    metrics = monitor.monitor_metrics(state, ref_G, CFG)
+    j = int(curves.last_bin(state["count"]))
+    assert np.all(np.isfinite(curve_G[:j + 1])) and np.all(np.isnan(curve_G[j + 1:]))
+    assert curve_G[j] == pytest.approx(float(metrics["collapse/normalized_loss"]), rel=1e-6)
+    mean_G, _ = curves.smooth(state["loss_sum"], state["count"], CFG.smooth_bins)
+    np.testing.assert_allclose(curve_G[:j + 1], mean_G[:j + 1] / metrics["collapse/pred_final_loss"], rtol=1e-5)
+    early = _scan_monitor(frac_T, np.where(frac_T <= 0.2, loss_T, np.nan))  # before predictions start
+    assert np.all(np.isnan(np.asarray(monitor.monitor_curve(early, ref_G, CFG))))
+
+
 def test_replay_equals_the_monitor_at_each_log():
     frac_T, _ = _clean()
     loss_T = _noisy(1)[0]

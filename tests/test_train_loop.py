@@ -43,6 +43,7 @@ def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, 
         assert tag in tags, tag
     assert len(events.Scalars("train/loss")) == 20
     assert "config/operative_gin" in events.Tags()["tensors"]
+    assert events.Tags()["images"] == []  # the collapse figure needs a reference
 
 
 def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path, tiny_configs):

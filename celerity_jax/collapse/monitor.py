@@ -4,7 +4,8 @@ The state is the run's curve binned on `n_bins` equal bins of t̂ (per-bin loss 
 it is small, checkpointable and exactly the object the offline tools build from curve.csv.
 `monitor_update` runs inside the jitted train step; `monitor_metrics` runs at log steps against a
 reference curve on the same grid (built by reference.reference_on_grid), with the alert policy that
-config.MonitorConfig describes; `replay_monitor` computes what it would have logged from a recorded curve.
+config.MonitorConfig describes; `monitor_curve` gives the aligned curve that the trainer's figure draws
+(image.py); `replay_monitor` computes what it would have logged from a recorded curve.
 """
 
 import functools
@@ -32,16 +33,22 @@ def monitor_update(state: dict[str, jax.Array], loss: jax.Array, frac: jax.Array
     return {"loss_sum": state["loss_sum"] + sum_G, "count": state["count"] + count_G}
 
 
-@functools.partial(jax.jit, static_argnames="cfg")
-def monitor_metrics(state: dict[str, jax.Array], reference_G: jax.Array,
-                    cfg: MonitorConfig) -> dict[str, jax.Array]:
-    """The METRICS at the current (last filled) bin; `reference_G` on bin_centers(cfg.n_bins)."""
+def _aligned(state: dict[str, jax.Array], reference_G: jax.Array, cfg: MonitorConfig):
+    """(alignment, residual_G, sigma_G, normalized_G, current bin j, ready): ready once predictions start."""
     sum_G, count_G = state["loss_sum"], state["count"]
     align = curves.early_align(sum_G, count_G, reference_G, cfg.align_window, cfg.offset)
     j = curves.last_bin(count_G)
     ready = ((j + 1) / cfg.n_bins >= cfg.align_window[0] + cfg.min_align_span) & jnp.isfinite(align.final)
     r_G, sigma_G, normalized_G = curves.residuals(sum_G, count_G, reference_G, align, cfg.smooth_bins,
                                                   cfg.offset)
+    return align, r_G, sigma_G, normalized_G, j, ready
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def monitor_metrics(state: dict[str, jax.Array], reference_G: jax.Array,
+                    cfg: MonitorConfig) -> dict[str, jax.Array]:
+    """The METRICS at the current (last filled) bin; `reference_G` on bin_centers(cfg.n_bins)."""
+    align, r_G, sigma_G, normalized_G, j, ready = _aligned(state, reference_G, cfg)
     sigma_G = jnp.maximum(sigma_G, cfg.residual_floor)
     bins_G = jnp.arange(cfg.n_bins)
     recent_G = (bins_G > j - cfg.alert_m) & (bins_G <= j)
@@ -51,6 +58,14 @@ def monitor_metrics(state: dict[str, jax.Array], reference_G: jax.Array,
     metrics = {name: jnp.where(ready, v, jnp.nan) for name, v in zip(METRICS, values)}
     metrics["collapse/alert"] = alert.astype(jnp.float32)
     return metrics
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def monitor_curve(state: dict[str, jax.Array], reference_G: jax.Array, cfg: MonitorConfig) -> jax.Array:
+    """The run's normalized curve so far on bin_centers(cfg.n_bins), as monitor_metrics aligns it (the smoothed
+    curve divided by the predicted final loss); NaN past the current bin and before predictions start."""
+    _, _, _, normalized_G, j, ready = _aligned(state, reference_G, cfg)
+    return jnp.where(ready & (jnp.arange(cfg.n_bins) <= j), normalized_G, jnp.nan)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "log_every"))

@@ -2,6 +2,7 @@
 
 The loop records one every TrainConfig.log_every steps, at evals, at checkpoints and at its last step;
 benchmarks/train_throughput.py times the same `StepLog.record`, so that it measures what the trainer does.
+With a collapse reference, some log steps also draw the collapse figure (FIGURE_TAG; collapse/image.py).
 """
 
 import math
@@ -11,12 +12,16 @@ import jax
 import numpy as np
 
 from celerity_jax.accelerators import peak_flops_per_device
-from celerity_jax.collapse import curves, monitor as monitor_lib
+from celerity_jax.collapse import curves, image, monitor as monitor_lib
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 # Console name -> metric, shown when finite.
 CONSOLE_METRICS = {"loss": "train/loss_smooth", "eval": "eval/loss", "lr": "opt/lr",
                    "residual": "collapse/residual", "tok/s": "perf/tokens_per_sec"}
+
+# The collapse figure is drawn at the first log step at or past each 1/FIGURE_POINTS of t̂, and at the last step.
+FIGURE_TAG = "collapse/figure"
+FIGURE_POINTS = 20
 
 
 def peak_flops(peak_flops_per_sec: float) -> float:
@@ -49,19 +54,24 @@ def _write_log_step(tb: TensorBoardWriter, curve: CurveCSV, plan, step: int, los
 
 class StepLog:
     """Records log steps from `start_step` on. Without writers (`tb`, `curve` None: a process other than 0)
-    it computes the same metrics (evals and collapse metrics run on every process) and writes nothing."""
+    it computes the same metrics (evals and collapse metrics run on every process) and writes nothing; the
+    collapse figure is drawn on process 0 only."""
 
     def __init__(self, plan, monitor_cfg, *, tb: TensorBoardWriter | None, curve: CurveCSV | None,
                  progress: Progress, loss_ema_decay: float, peak: float, start_step: int, reference_G=None,
-                 eval_step=None, eval_batches=()):
+                 eval_step=None, eval_batches=(), eval_curve: CurveCSV | None = None):
         self.plan, self.monitor_cfg, self.tb, self.curve, self.progress = plan, monitor_cfg, tb, curve, progress
+        self.eval_curve = eval_curve
         self.reference_G, self.eval_step, self.eval_batches, self.peak = reference_G, eval_step, eval_batches, peak
         self.loss_ema_decay, self._loss_ema_carry = loss_ema_decay, (0.0, 0.0)  # train/loss_smooth
         self._time, self._step = time.time(), start_step  # of the previous log step
+        self._next_figure = FIGURE_POINTS * start_step // plan.steps + 1  # in 1/FIGURE_POINTS of t̂
 
-    def record(self, step: int, state, metrics: dict, pending: list, evaluate: bool = False) -> dict[str, float]:
+    def record(self, step: int, state, metrics: dict, pending: list, evaluate: bool = False,
+               last: bool = False) -> dict[str, float]:
         """Logs `step`, whose metrics are `metrics`; `pending` holds the losses of the steps since the previous
-        log step (the last one is `step`'s). With `evaluate`, the eval loss too. Returns the logged values."""
+        log step (the last one is `step`'s). With `evaluate`, the eval loss too; `last`: the run's last step.
+        Returns the logged values."""
         losses = np.asarray(jax.device_get(pending), np.float64)
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         ema_T, self._loss_ema_carry = curves.loss_ema(losses, self.loss_ema_decay, self._loss_ema_carry)
@@ -74,9 +84,26 @@ class StepLog:
             values.update({k: float(v) for k, v in collapse.items()})
         if evaluate:
             values["eval/loss"] = float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+            if self.eval_curve is not None:
+                self.eval_curve.append([(step, step * self.plan.batch_tokens, step / self.plan.steps,
+                                         values["eval/loss"])])
+        if self.reference_G is not None and (last or FIGURE_POINTS * step >= self._next_figure * self.plan.steps):
+            figure = self._collapse_figure(step, state, values)
+            if self.tb is not None:
+                self.tb.image(step, FIGURE_TAG, figure)
         if self.tb is not None:
             _write_log_step(self.tb, self.curve, self.plan, step, losses, values)
         self.progress.update(step, {name: values[k] for name, k in CONSOLE_METRICS.items()
                                     if math.isfinite(values.get(k, math.nan))})
         self._time, self._step = time.time(), step
         return values
+
+    def _collapse_figure(self, step: int, state, values: dict[str, float]) -> bytes | None:
+        """The collapse figure's PNG (None on a process other than 0, which computes only the jitted curve)."""
+        self._next_figure = FIGURE_POINTS * step // self.plan.steps + 1
+        normalized_G = jax.device_get(monitor_lib.monitor_curve(state.monitor, self.reference_G, self.monitor_cfg))
+        if self.tb is None:
+            return None
+        return image.collapse_figure(curves.bin_centers(self.monitor_cfg.n_bins), normalized_G,
+                                     jax.device_get(self.reference_G), step / self.plan.steps,
+                                     values["collapse/pred_final_loss"], values["collapse/pred_final_loss_err"])

@@ -78,11 +78,12 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
     plan, train_cfg = t.plan, t.train_cfg
     last_step = min(plan.steps, train_cfg.stop_at_step or plan.steps)
     progress = Progress(plan.steps, t.start_step, quiet=not t.is_chief)
-    step_log = StepLog(plan, t.monitor_cfg, tb=t.tb, curve=t.curve, progress=progress,
+    step_log = StepLog(plan, t.monitor_cfg, tb=t.tb, curve=t.curve, eval_curve=t.eval_curve, progress=progress,
                        loss_ema_decay=train_cfg.loss_ema, peak=peak_flops(train_cfg.peak_flops_per_sec),
                        start_step=t.start_step, reference_G=t.reference_G, eval_step=t.eval_step,
                        eval_batches=t.eval_batches)
     state, step, pending, stopped = t.state, t.start_step, [], StopReason.FINISHED
+    eval_steps = train_cfg.eval_steps(plan.steps)
     bad_at_start = int(jax.device_get(state.bad_steps))
     try:
         while step < last_step and stopped is StopReason.FINISHED:
@@ -92,12 +93,12 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
             t.checkpointer.check_for_errors()
             interrupted = interrupts.requested()
             is_log = step % train_cfg.log_every == 0 or step == last_step or interrupted
-            is_eval = bool(train_cfg.eval_every) and (step % train_cfg.eval_every == 0 or step == plan.steps)
+            is_eval = step in eval_steps or (bool(train_cfg.eval_every) and step % train_cfg.eval_every == 0)
             is_checkpoint = step % train_cfg.checkpoint_every == 0 or step == last_step or interrupted
             if not (is_log or is_eval or is_checkpoint):
                 continue
             _raise_if_diverged(t, state, bad_at_start, step)
-            values = step_log.record(step, state, metrics, pending, evaluate=is_eval)
+            values = step_log.record(step, state, metrics, pending, evaluate=is_eval, last=step == last_step)
             pending = []
             if values.get("collapse/alert", 0.0) > 0:
                 _report_alert(progress, t.monitor_cfg, step, plan.steps, values["collapse/residual"])

@@ -7,6 +7,7 @@ import csv
 import io
 import math
 import os
+import struct
 import sys
 import time
 
@@ -19,7 +20,7 @@ CURVE_COLUMNS = ("step", "tokens", "frac", "loss")
 
 
 class TensorBoardWriter:
-    """Scalars and text into one TensorBoard run directory."""
+    """Scalars, text and images into one TensorBoard run directory."""
 
     def __init__(self, logdir: str):
         self._writer = EventFileWriter(logdir, flush_secs=10)
@@ -32,6 +33,13 @@ class TensorBoardWriter:
     def text(self, step: int, tag: str, text: str) -> None:
         from tensorboard.plugins.text.summary_v2 import text_pb
         self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=text_pb(tag, text)))
+
+    def image(self, step: int, tag: str, png: bytes) -> None:
+        """A PNG image, as a (legacy) image summary: TensorBoard's Images tab reads it without TensorFlow."""
+        width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk, first in every PNG
+        image = summary_pb2.Summary.Image(width=width, height=height, colorspace=4, encoded_image_string=png)  # RGBA
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, image=image)])
+        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def flush(self) -> None:
         self._writer.flush()

@@ -18,8 +18,8 @@ from celerity_jax.train import loop
 
 def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, tiny_configs, curve_losses):
     workdir = str(tmp_path / "run")
-    summary = loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, operative_config="# op\n",
-                         log=lambda _: None)
+    configs = tiny_configs("TrainConfig.stop_at_step = 20", "TrainConfig.eval_points = 10")
+    summary = loop.train(configs, workdir, operative_config="# op\n", log=lambda _: None)
     assert summary["final_step"] == 20 and summary["stopped"] == "stop_at_step"
     names = set(os.listdir(workdir))
     assert {"config.gin", "plan.json", "run.json", "curve.csv", "checkpoints"} <= names
@@ -32,6 +32,10 @@ def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, 
         row = list(csv.DictReader(f))[9]
     assert int(row["tokens"]) == 10 * plan["batch_tokens"]
     assert float(row["frac"]) == 10 / plan["steps"]
+    with open(os.path.join(workdir, "eval.csv")) as f:
+        evals = [int(r["step"]) for r in csv.DictReader(f)]
+    points = configs.train.eval_steps(plan["steps"])
+    assert evals == sorted({10, 20} | {s for s in points if s <= 20}) and len(evals) > 2
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(workdir)

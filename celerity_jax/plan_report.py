@@ -6,6 +6,12 @@ from celerity_jax import schedules
 from celerity_jax.recipe import Plan
 
 
+DECAY_CONVENTION_TEXT = {
+    "per_lr": "every role decays at its own peak LR × λ (the paper's)",
+    "width_scaled": "hidden matrices decay at their peak LR × m_d·λ (the PyTorch CompleteP reference)",
+}
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as aligned `name  value` lines."""
     rows = [
@@ -18,8 +24,12 @@ def format_plan(plan: Plan) -> str:
         ("schedule", plan.schedule),
         *((f"peak LR {role}", f"{lr:.4g}") for role, lr in plan.lr_peak.items()),
         ("weight decay λ", f"{plan.weight_decay:.4g}"),
-        ("τ", f"{plan.tau:.4g} = B/(η_hidden·λ·D); EMA timescale τ·T = "
+        ("decay convention", f"{plan.decay_convention}: {DECAY_CONVENTION_TEXT[plan.decay_convention]}"),
+        ("τ", f"{plan.tau:.4g} = B/(η_hidden·{_times_lambda(plan, 'hidden')}·D); EMA timescale τ·T = "
               f"{plan.tau * plan.steps:,.0f} steps"),
+        *((f"τ {role}", f"{tau:.4g} = B/(η_{role}·{_times_lambda(plan, role)}·D): decays {plan.tau / tau:.3g}× "
+                        "as fast as the hidden matrices")
+          for role, tau in plan.tau_by_role.items() if role != "hidden"),
         ("Adam b1, b2, eps", f"{plan.adam_b1:g}, {plan.adam_b2:g}, {plan.adam_eps:g}"),
         ("grad clip", f"{plan.grad_clip:g}" if plan.grad_clip > 0 else "off"),
         ("train FLOPs", f"{plan.train_flops:.3e} ({plan.flops_per_token:.3e} per token)"),
@@ -47,14 +57,20 @@ def plan_table(rows: list[tuple[str, Plan]], command: str) -> str:
 
 def plot_ema_weights(plan: Plan, path: str) -> str:
     """Draws the Straight-to-Zero EMA weights of this plan's schedule against the other schedules (at the
-    plan's hidden-matrix LR and λ) to `path`; returns `path`."""
+    plan's hidden-matrix LR and decay) to `path`; returns `path`."""
     steps = jnp.arange(plan.steps)
     lrs = {}
     for name in schedules.SCHEDULES:
         schedule = schedules.make_schedule(name, plan.steps, plan.warmup_steps, plan.wsd_decay_frac)
         label = f"{name} (this plan)" if name == plan.schedule else name
         lrs[label] = plan.lr_hidden * schedule(steps)
-    return schedules.plot_ema_coefficients(lrs, plan.weight_decay, path)
+    return schedules.plot_ema_coefficients(lrs, plan.weight_decay * plan.weight_decay_mult["hidden"], path)
+
+
+def _times_lambda(plan: Plan, role: str) -> str:
+    """λ as `role` gets it: "λ", or "2.5·λ" where the convention multiplies it."""
+    mult = plan.weight_decay_mult[role]
+    return "λ" if mult == 1 else f"{mult:g}·λ"
 
 
 def _count(n: float) -> str:

@@ -2,9 +2,10 @@
 
 docs/science.md §2, §3 and §7.
 
-τ = B/(η·λ·D) is the AdamW timescale as a fraction of training (B, D in tokens, η the peak LR
-applied to hidden matrices, λ the raw decoupled decay). The recipe pins τ (a number or the law
-τ = c·TPP^e) and derives λ = B/(η·τ·D); the batch is given or follows B = c·D^e.
+τ = B/(η·λ_hidden·D) is the AdamW timescale of the hidden matrices as a fraction of training (B, D in tokens,
+η the peak LR applied to hidden matrices, λ_hidden the decay coefficient they get: the raw λ under the decay
+convention "per_lr", m_d·λ under "width_scaled"). The recipe pins τ (a number or the law τ = c·TPP^e) and
+derives λ = B/(η·τ·D), or B/(η·m_d·τ·D) under "width_scaled"; the batch is given or follows B = c·D^e.
 """
 
 import dataclasses
@@ -29,6 +30,9 @@ class RecipeConfig:
     tau_law_exponent: float = -0.5
     # A fixed λ instead of a pinned τ (τ then follows from it): for baselines that do not pin τ.
     weight_decay: float | None = None
+    # How λ reaches each role (model/completep.py): "per_lr" (the paper's) decays every role at its LR × λ;
+    # "width_scaled" (the PyTorch CompleteP reference) multiplies the hidden matrices' λ by m_d.
+    decay_convention: str = "per_lr"
     batch_seqs: int | None = None
     # B_tokens = batch_law_coef · D^batch_law_exponent, D the token budget at batch_law_tpp (Celerity
     # used one batch per size at all bands, fitting 20·sqrt(D_20)); None: the run's own D.
@@ -63,6 +67,8 @@ class RecipeConfig:
                "must be > 0, or None to derive it from tau")
         _check(self.weight_decay is None or self.tau is None, "weight_decay", self.weight_decay,
                "cannot be fixed together with RecipeConfig.tau; set one of them to None")
+        _check(self.decay_convention in completep.DECAY_CONVENTIONS, "decay_convention", self.decay_convention,
+               "must be 'per_lr' (every role decays at its LR × λ) or 'width_scaled' (hidden λ × m_d)")
         _check(self.batch_seqs is None or self.batch_seqs > 0, "batch_seqs", self.batch_seqs,
                "must be a positive number of sequences, or None for the batch law")
         _check(self.batch_law_tpp is None or self.batch_law_tpp > 0, "batch_law_tpp",
@@ -99,7 +105,10 @@ class Plan:
     lr_hidden: float  # peak LR of hidden matrices, the η of τ
     lr_peak: dict[str, float]  # peak LR per CompleteP role
     weight_decay: float
-    tau: float
+    tau: float  # the hidden matrices' timescale
+    decay_convention: str
+    weight_decay_mult: dict[str, float]  # λ multiplier per CompleteP role, 0 where the role does not decay
+    tau_by_role: dict[str, float]  # B/(η_role·λ·D·its λ multiplier) for each role that decays
     adam_b1: float
     adam_b2: float
     adam_eps: float
@@ -116,7 +125,7 @@ class Plan:
 
 
 def tau_from(batch_tokens: float, lr: float, weight_decay: float, tokens: float) -> float:
-    """τ = B/(η·λ·D): the AdamW timescale as a fraction of training (η the hidden-matrix peak LR)."""
+    """τ = B/(η·λ·D): the AdamW timescale as a fraction of training, η·λ the peak decay per step."""
     _check_positive(batch_tokens=batch_tokens, lr=lr, weight_decay=weight_decay, tokens=tokens)
     return batch_tokens / (lr * weight_decay * tokens)
 
@@ -138,7 +147,7 @@ def batch_law(tokens: float, coef: float = 20.0, exponent: float = 0.5) -> float
 
 
 def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
-    """Derives N, D, T, B, warmup, per-role peak LRs, λ, τ and FLOPs; ConfigError on a bad plan."""
+    """Derives N, D, T, B, warmup, per-role peak LRs, λ, each role's τ and FLOPs; ConfigError on a bad plan."""
     r = recipe_cfg
     if r.seq_len > model_cfg.max_seq_len:
         raise ConfigError(f"RecipeConfig.seq_len = {r.seq_len} exceeds ModelConfig.max_seq_len = "
@@ -177,18 +186,23 @@ def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
     rules = completep.role_rules(model_cfg)
     lr_peak = {role.value: r.base_lr * lr_mult for role, (_, lr_mult, _, _) in rules.items()}
     lr_hidden = lr_peak[completep.Role.HIDDEN.value]
+    weight_decay_mult = {role.value: mult for role, mult in
+                         completep.weight_decay_multipliers(model_cfg, r.decay_convention).items()}
+    # Per unit of λ, the peak decay per step of each role that decays; τ is the hidden matrices'.
+    decay_lr = {role: lr_peak[role] * mult for role, mult in weight_decay_mult.items() if mult > 0}
+    hidden_decay_lr = decay_lr[completep.Role.HIDDEN.value]
     if r.weight_decay is not None:
         weight_decay = r.weight_decay
-        tau = tau_from(batch_tokens, lr_hidden, weight_decay, tokens)
+        tau = tau_from(batch_tokens, hidden_decay_lr, weight_decay, tokens)
     else:
         tau = r.tau if r.tau is not None else tau_law(r.tpp, r.tau_law_coef, r.tau_law_exponent)
-        weight_decay = weight_decay_for_tau(batch_tokens, lr_hidden, tau, tokens)
-    for role, (_, _, _, decays) in rules.items():
-        if decays and lr_peak[role.value] * weight_decay >= 1:
+        weight_decay = weight_decay_for_tau(batch_tokens, hidden_decay_lr, tau, tokens)
+    for role, lr in decay_lr.items():
+        if lr * weight_decay >= 1:
             raise ConfigError(
-                f"the plan implies λ·η = {lr_peak[role.value] * weight_decay:.3g} >= 1 on {role.value} "
-                f"weights (λ = {weight_decay:.3g}, η = {lr_peak[role.value]:.3g}, {steps} steps): "
-                "decay would flip the sign of weights; raise RecipeConfig.tau or RecipeConfig.tpp, "
+                f"the plan implies λ·η = {lr * weight_decay:.3g} >= 1 on {role} weights (λ = {weight_decay:.3g} × "
+                f"{weight_decay_mult[role]:g} under decay_convention {r.decay_convention!r}, η = {lr_peak[role]:.3g}, "
+                f"{steps} steps): decay would flip the sign of weights; raise RecipeConfig.tau or RecipeConfig.tpp, "
                 "or lower RecipeConfig.batch_seqs so that training has more steps")
 
     fpt = params.flops_per_token(model_cfg, r.seq_len)
@@ -199,6 +213,8 @@ def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
         batch_tokens=batch_tokens, seq_len=r.seq_len, warmup_steps=warmup_steps,
         schedule=r.schedule, wsd_decay_frac=r.wsd_decay_frac, base_lr=r.base_lr,
         lr_hidden=lr_hidden, lr_peak=lr_peak, weight_decay=weight_decay, tau=tau,
+        decay_convention=r.decay_convention, weight_decay_mult=weight_decay_mult,
+        tau_by_role={role: tau_from(batch_tokens, lr, weight_decay, tokens) for role, lr in decay_lr.items()},
         adam_b1=r.adam_b1, adam_b2=r.adam_b2, adam_eps=r.adam_eps, grad_clip=r.grad_clip,
         flops_per_token=fpt, train_flops=fpt * tokens, bands=bands)
 

@@ -89,3 +89,13 @@ def test_mup_ignores_depth_and_standard_ignores_both():
         {"input": 2.0, "residual": 1.0, "output": 3.0, "attention": 1 / 4})
     assert {rule[:3] for role, rule in completep.role_rules(sp).items() if role is not Role.BLOCK_VECTOR
             and role is not Role.FINAL_NORM} == {(0.1, 1.0, 1.0)}
+
+
+def test_weight_decay_multipliers_per_convention():
+    no_decay = {Role.BLOCK_VECTOR: 0.0, Role.FINAL_NORM: 0.0}
+    assert completep.weight_decay_multipliers(CFG, "per_lr") == {
+        Role.EMBEDDING: 1.0, Role.HIDDEN: 1.0, Role.UNEMBEDDING: 1.0, **no_decay}
+    assert completep.weight_decay_multipliers(CFG, "width_scaled") == {
+        Role.EMBEDDING: 1.0, Role.HIDDEN: 4.0, Role.UNEMBEDDING: 1.0, **no_decay}  # m_d = 4
+    sp = ModelConfig(**{**CFG.__dict__, "parametrization": "standard"})
+    assert completep.weight_decay_multipliers(sp, "width_scaled") == completep.weight_decay_multipliers(sp, "per_lr")

@@ -1,3 +1,4 @@
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -7,6 +8,8 @@ import optax
 import pytest
 
 from celerity_jax import optim, recipe, schedules
+from celerity_jax.model import completep, presets, transformer
+from celerity_jax.model.config import ModelConfig
 
 M_D = 4.0  # width multiplier of the hand-made model: hidden LR and eps are 1/m_d of the base
 
@@ -38,6 +41,8 @@ def _plan(steps=100, warmup_steps=10, schedule="d2z", tau=0.2, base_lr=0.1, adam
         batch_seqs=4, batch_tokens=batch_tokens, seq_len=16, warmup_steps=warmup_steps,
         schedule=schedule, wsd_decay_frac=0.2, base_lr=base_lr, lr_hidden=lr_hidden,
         lr_peak={"embedding": base_lr, "hidden": lr_hidden}, weight_decay=weight_decay, tau=tau,
+        decay_convention="per_lr", weight_decay_mult={"embedding": 1.0, "hidden": 1.0, "block_vector": 0.0},
+        tau_by_role={"embedding": tau / M_D, "hidden": tau},
         adam_b1=0.9, adam_b2=0.95, adam_eps=adam_eps, grad_clip=grad_clip, flops_per_token=6000.0,
         train_flops=6000.0 * steps * batch_tokens, bands=())
 
@@ -139,12 +144,65 @@ def _get(tree, keys):
     return tree
 
 
-def test_real_model_hidden_matrices_decay_at_plan_lr_hidden_times_lambda():
-    from celerity_jax.model import completep, presets, transformer
+def test_per_lr_decay_is_optax_add_decayed_weights_bit_for_bit():
+    """The default convention is the chain this optimizer had before conventions were selectable."""
+    plan = _plan(warmup_steps=0, grad_clip=1.0)
+    ones = jax.tree.map(lambda _: 1.0, MULTS.decay)
+    ours = optim.tau_pinned_adamw(plan.base_lr, plan.weight_decay, b1=0.9, b2=0.95, eps=MULTS.eps,
+                                  lr_multipliers=MULTS.lr, decay_mask=MULTS.decay, grad_clip=1.0,
+                                  decay_scales=ones)
+    before = optax.chain(optax.clip_by_global_norm(1.0), optim.scale_by_adam_per_leaf_eps(0.9, 0.95, MULTS.eps),
+                         optax.add_decayed_weights(plan.weight_decay, mask=MULTS.decay),
+                         optim.scale_by_tree(MULTS.lr), optax.scale_by_learning_rate(plan.base_lr))
+    params_by_opt, states = {}, {}
+    for name, opt in (("ours", ours), ("before", before)):
+        params, state = _params(), opt.init(_params())
+        for i in range(3):
+            grads = jax.tree.map(lambda p: jnp.sin(p + i), params)
+            updates, state = jax.jit(opt.update)(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        params_by_opt[name], states[name] = params, state
+    jax.tree.map(np.testing.assert_array_equal, params_by_opt["ours"], params_by_opt["before"])
+    assert jax.tree.structure(states["ours"]) == jax.tree.structure(states["before"])  # checkpoints still load
 
-    cfg = presets.preset("tiny-d64")
+
+# m_d = 128/32 = 4, m_L = 4/1 = 4; learned positions and biases, so that every role has leaves.
+ROLES_CFG = ModelConfig(n_layers=4, d_model=128, n_heads=8, head_dim=16, vocab_size=64, max_seq_len=32, d_base=32,
+                        n_layers_base=1, positions="learned", use_bias=True)
+
+
+@pytest.mark.parametrize("convention, alpha, hidden_decay", [
+    ("per_lr", 1.0, 0.0125),  # η_base·λ/m_d
+    ("width_scaled", 1.0, 0.05),  # η_base·λ, the embeddings' rate
+    ("per_lr", 0.5, 0.00625),  # η_base·λ·m_L^(α−1)/m_d
+    ("width_scaled", 0.5, 0.025),  # η_base·λ·m_L^(α−1)
+])
+def test_one_update_decays_each_role_at_the_documented_rate(convention, alpha, hidden_decay):
+    cfg = dataclasses.replace(ROLES_CFG, depth_alpha=alpha)
+    plan = recipe.make_plan(cfg, recipe.RecipeConfig(
+        tpp=1, seq_len=16, batch_seqs=4, base_lr=0.1, weight_decay=0.5, schedule="constant", warmup_frac=0.0,
+        warmup_tokens=None, decay_convention=convention))
+    # Per-step decay η_base·lr_mult·c·λ with η_base = 0.1 and λ = 0.5; norm gains and biases do not decay.
+    decay = {"embedding": 0.05, "hidden": hidden_decay, "block_vector": 0.0, "final_norm": 0.0, "unembedding": 0.05}
+    params = transformer.init_params(cfg, jax.random.key(0))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
+    updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, params), optimizer.init(params), params)
+    theta = optax.apply_updates(params, updates)
+    roles = completep.param_roles(params)
+    is_role = lambda r: isinstance(r, completep.Role)
+    for role, before, after in zip(jax.tree.leaves(roles, is_leaf=is_role), jax.tree.leaves(params),
+                                   jax.tree.leaves(theta)):
+        np.testing.assert_allclose(after, before * (1 - decay[role.value]), rtol=1e-6, err_msg=role.value)
+    assert {r.value for r in jax.tree.leaves(roles, is_leaf=is_role)} == set(decay)
+    assert plan.tau == pytest.approx(plan.batch_tokens / (hidden_decay * plan.tokens), rel=1e-12)
+    assert float(optim.optimizer_metrics(plan, state)["tau"]) == pytest.approx(plan.tau, rel=1e-6)
+
+
+@pytest.mark.parametrize("convention", completep.DECAY_CONVENTIONS)
+def test_real_model_hidden_matrices_decay_at_one_over_tau_T_under_each_convention(convention):
+    cfg = presets.preset("tiny-d64")  # m_d = 2
     plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=2, seq_len=64, batch_seqs=16, base_lr=1e-2,
-                                                      warmup_tokens=None))
+                                                      warmup_tokens=None, decay_convention=convention))
     params = transformer.init_params(cfg, jax.random.key(0))
     optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
     state = optimizer.init(params)
@@ -155,7 +213,8 @@ def test_real_model_hidden_matrices_decay_at_plan_lr_hidden_times_lambda():
         updates, state = update(zeros, state, theta)
         theta = optax.apply_updates(theta, updates)
     schedule = schedules.make_schedule(plan.schedule, plan.steps, plan.warmup_steps, plan.wsd_decay_frac)
-    expected = np.prod([1 - plan.lr_hidden * float(schedule(j)) * plan.weight_decay for j in range(50)])
+    # λ is derived so that the hidden matrices' peak decay per step is 1/(τ·T) whatever the convention.
+    expected = np.prod([1 - float(schedule(j)) / (plan.tau * plan.steps) for j in range(50)])
     hidden = theta["block_0"]["mlp"]["up"]["kernel"] / params["block_0"]["mlp"]["up"]["kernel"]
     np.testing.assert_allclose(np.asarray(hidden), expected, rtol=1e-5)
     assert expected < 0.999  # the decay is visible

@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from celerity_jax import gin_config, recipe
+from celerity_jax import gin_config, plan_report, recipe
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, params, presets
 from celerity_jax.model.config import ModelConfig
@@ -101,6 +101,57 @@ def test_plan_pins_tau_and_derives_weight_decay():
     assert double.weight_decay == pytest.approx(2 * plan.weight_decay, rel=0.001)
 
 
+def test_default_convention_derives_lambda_as_before():
+    plan = recipe.make_plan(presets.preset("celerity-300m"), RecipeConfig())
+    assert plan.decay_convention == "per_lr"
+    assert plan.weight_decay == recipe.weight_decay_for_tau(plan.batch_tokens, plan.lr_hidden, plan.tau, plan.tokens)
+
+
+# (preset, m_d): Celerity's smallest and largest widths, d_base 256.
+WIDTHS = [("celerity-300m", 2.5), ("celerity-3.9b", 8.0)]
+
+
+@pytest.mark.parametrize("name, m_d", WIDTHS)
+def test_both_conventions_give_the_hidden_matrices_the_same_tau(name, m_d):
+    per_lr, width_scaled = (recipe.make_plan(presets.preset(name), RecipeConfig(decay_convention=c))
+                            for c in ("per_lr", "width_scaled"))
+    assert width_scaled.tau == per_lr.tau == recipe.tau_law(20)
+    assert width_scaled.weight_decay == pytest.approx(per_lr.weight_decay / m_d, rel=1e-12)  # λ = B/(η·m_d·τ·D)
+    assert width_scaled.weight_decay_mult == {"embedding": 1.0, "hidden": m_d, "block_vector": 0.0,
+                                              "final_norm": 0.0, "unembedding": 1.0}
+    hidden_decay = per_lr.lr_hidden * per_lr.weight_decay
+    assert width_scaled.lr_hidden * m_d * width_scaled.weight_decay == pytest.approx(hidden_decay, rel=1e-12)
+    assert hidden_decay == pytest.approx(1 / (per_lr.tau * per_lr.steps), rel=1e-12)
+    tau = per_lr.tau
+    # Under per_lr the embedding and unembedding (LR η_base = m_d·η_hidden) decay m_d times faster.
+    assert per_lr.tau_by_role == pytest.approx({"embedding": tau / m_d, "hidden": tau, "unembedding": tau / m_d},
+                                               rel=1e-12)
+    assert width_scaled.tau_by_role == pytest.approx({"embedding": tau, "hidden": tau, "unembedding": tau},
+                                                     rel=1e-12)
+
+
+def test_width_scaled_with_a_fixed_lambda_shortens_tau_by_m_d():
+    fixed = dataclasses.replace(TINY_RECIPE, weight_decay=0.1)
+    cfg = presets.preset("tiny-d128")  # m_d = 128/32 = 4
+    per_lr = recipe.make_plan(cfg, fixed)
+    width_scaled = recipe.make_plan(cfg, dataclasses.replace(fixed, decay_convention="width_scaled"))
+    assert width_scaled.weight_decay == per_lr.weight_decay == 0.1
+    assert width_scaled.tau == pytest.approx(per_lr.tau / 4, rel=1e-12)
+    assert width_scaled.tau_by_role["embedding"] == pytest.approx(per_lr.tau_by_role["embedding"], rel=1e-12)
+
+
+def test_plan_text_shows_the_convention_and_each_role_tau():
+    cfg = presets.preset("celerity-300m")
+    text = plan_report.format_plan(recipe.make_plan(cfg, RecipeConfig()))
+    assert "decay convention      per_lr: every role decays at its own peak LR × λ" in text
+    assert "τ                     0.1744 = B/(η_hidden·λ·D)" in text
+    assert "τ embedding           0.06977 = B/(η_embedding·λ·D): decays 2.5× as fast" in text
+    text = plan_report.format_plan(recipe.make_plan(cfg, RecipeConfig(decay_convention="width_scaled")))
+    assert "decay convention      width_scaled: hidden matrices decay at their peak LR × m_d·λ" in text
+    assert "τ                     0.1744 = B/(η_hidden·2.5·λ·D)" in text
+    assert "τ unembedding         0.1744 = B/(η_unembedding·λ·D): decays 1× as fast" in text
+
+
 def test_fixed_weight_decay_lets_tau_follow():
     plan = recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, weight_decay=0.1))
     assert plan.weight_decay == 0.1
@@ -134,12 +185,13 @@ def test_plan_to_json_round_trip():
     assert restored == json.loads(json.dumps(plan.to_dict()))
     assert restored["weight_decay"] == plan.weight_decay and restored["steps"] == plan.steps
     assert restored["bands"][1]["tpp"] == 80.0
+    assert restored["decay_convention"] == "per_lr" and restored["tau_by_role"]["hidden"] == pytest.approx(plan.tau)
 
 
 @pytest.mark.parametrize("field, value", [
     ("tau", 0.0), ("tau", -0.1), ("tpp", 0.0), ("base_lr", -1.0), ("batch_seqs", 0),
     ("seq_len", 0), ("warmup_frac", 1.0), ("schedule", "linear"), ("batch_seqs", 8.0),
-    ("adam_b2", 1.0), ("bands", ()), ("weight_decay", 0.0),
+    ("adam_b2", 1.0), ("bands", ()), ("weight_decay", 0.0), ("decay_convention", "equal_rate"),
 ])
 def test_bad_recipe_fields_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"RecipeConfig.{field}"):

@@ -14,9 +14,13 @@ Forward: embedding output × α_input, residual branch × m_L^(−α), logits ×
 scores × 1/head_dim.
 
 WEIGHT-DECAY CONVENTION (binding for the optimizer): on a leaf with decay=True the update is
-θ ← θ − η_base·s_t·lr·(adam_direction + λ·θ), so hidden matrices decay at rate η_base·s_t·λ/m_d
-(times m_L^(α−1)): the decay rate actually applied is the LR multiplier times λ, with no extra
-m_d on λ. τ must be computed from that rate.
+θ ← θ − η_base·s_t·lr·(adam_direction + c·λ·θ), c the role's λ multiplier (`weight_decay_multipliers`), so
+the decay rate actually applied is the LR multiplier times c·λ. `RecipeConfig.decay_convention` picks c:
+- "per_lr" (the default, the paper's): c = 1, so hidden matrices decay at η_base·s_t·λ·m_L^(α−1)/m_d and
+  the embedding and unembedding at η_base·s_t·λ, m_d/m_L^(α−1) times faster;
+- "width_scaled" (the PyTorch CompleteP reference): c = m_d on hidden matrices, 1 elsewhere, so hidden
+  matrices decay at η_base·s_t·λ·m_L^(α−1) and the embedding and unembedding at η_base·s_t·λ.
+Either way τ is the hidden matrices' timescale, computed from the rate they really get (recipe.py).
 """
 
 import dataclasses
@@ -72,6 +76,9 @@ def param_role(path: tuple[str, ...]) -> Role:
     raise ValueError(f"no CompleteP role for parameter path {'/'.join(path)}")
 
 
+DECAY_CONVENTIONS = ("per_lr", "width_scaled")
+
+
 def role_rules(cfg: ModelConfig) -> dict[Role, tuple[float, float, float, bool]]:
     """(init std, LR multiplier, eps multiplier, decay) for each role."""
     m_d, m_l = width_depth_mult(cfg)
@@ -84,6 +91,14 @@ def role_rules(cfg: ModelConfig) -> dict[Role, tuple[float, float, float, bool]]
         Role.FINAL_NORM: (0.0, 1.0, 1.0 / m_d, False),
         Role.UNEMBEDDING: (s, 1.0, 1.0 / m_d, True),
     }
+
+
+def weight_decay_multipliers(cfg: ModelConfig, convention: str) -> dict[Role, float]:
+    """The factor on λ for each role under `convention` (one of DECAY_CONVENTIONS); 0 where nothing decays."""
+    m_d, _ = width_depth_mult(cfg)
+    hidden = {"per_lr": 1.0, "width_scaled": m_d}[convention]
+    return {role: (hidden if role is Role.HIDDEN else 1.0) if decays else 0.0
+            for role, (_, _, _, decays) in role_rules(cfg).items()}
 
 
 def multipliers(cfg: ModelConfig, params) -> Multipliers:

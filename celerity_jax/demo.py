@@ -4,11 +4,11 @@
   second seed (the middle size only in quick mode), which measures the seed-to-seed noise;
 - `naive` recipe: one batch, one weight decay and one token budget for all sizes (TPP and τ vary).
 
-Collapse is measured on the eval loss: every run evaluates the same fixed held-out batches at the same
-EVAL_POINTS points of t̂ (experiments/demo/eval.gin), a curve whose noise is small next to the family's
-spread, unlike one training batch per step. Then `collapse.png` (normalized eval curves and residuals,
-both recipes side by side) and `report.md`: collapse quality of each recipe and their ratio, Qiu et al.'s
-Δ/σ of the tau family, and the same numbers on the training-loss curves for comparison. Each run is an ordinary run directory with its own
+Collapse is measured on the eval loss: every run evaluates the same fixed held-out batches at the same 50
+points of t̂ (experiments/demo/eval.gin), a curve without the batch-to-batch noise of the training loss.
+Then `collapse.png` (normalized eval curves and residuals, both recipes side by side) and `report.md`:
+collapse quality of each recipe and their ratio, Qiu et al.'s Δ/σ of the tau family, and the same numbers
+on the training-loss curves for comparison. Each run is an ordinary run directory with its own
 TensorBoard events: `tensorboard --logdir <workdir>`. Rerunning resumes unfinished runs and skips finished
 ones. The command line is `celerity_jax/cli/demo.py`.
 
@@ -89,16 +89,19 @@ def demo_runs(sizes: tuple[str, ...], quick: bool) -> list[DemoRun]:
 
 
 def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, force_new: bool = False,
-             log=print) -> dict:
-    """Trains every run of the demo unless it is finished, then writes the report; returns its summary."""
+             gin_files: tuple[str, ...] = (), gin_params: tuple[str, ...] = (), log=print) -> dict:
+    """Trains every run of the demo unless it is finished, then writes the report; returns its summary.
+    `gin_files` and `gin_params` are layered on every run after its own (to try a variant of both recipes)."""
     from celerity_jax import run
 
-    runs, seconds = demo_runs(sizes, quick), {}
+    runs = [dataclasses.replace(r, gin_files=r.gin_files + tuple(gin_files),
+                                gin_params=r.gin_params + tuple(gin_params)) for r in demo_runs(sizes, quick)]
+    seconds = {}
     for r in runs:
         loaded = run.load(run.RunSpec(r.workdir(workdir), r.gin_files, r.gin_params, name=r.name))
         loaded.train_to(force_new=force_new, log=log)
         seconds[r.name] = loaded.train_seconds()
-    return write_report(workdir, runs, seconds, quick=quick)
+    return write_report(workdir, runs, seconds, quick=quick, variant=tuple(gin_files) + tuple(gin_params))
 
 
 def measure(workdir: str, runs: list[DemoRun], loss: str) -> tuple[dict, dict]:
@@ -120,7 +123,8 @@ def measure(workdir: str, runs: list[DemoRun], loss: str) -> tuple[dict, dict]:
     return families, summary
 
 
-def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], quick: bool) -> dict:
+def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], quick: bool,
+                 variant: tuple[str, ...] = ()) -> dict:
     """Collapse quality per recipe on the eval and the training curves, their ratios, the tau family's Δ/σ,
     the figure and report.md; `seconds`: each run's training time by name. Returns the eval summary, with
     the training-curve summary under "train"."""
@@ -144,7 +148,8 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
     lines = [
         "# celerity demo: does the tau recipe collapse?", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
-        f"{'quick' if quick else 'full'} budget; {time.strftime('%Y-%m-%d %H:%M')}.", ""]
+        f"{'quick' if quick else 'full'} budget; {time.strftime('%Y-%m-%d %H:%M')}."
+        + (f" Layered on every run: {'; '.join(variant)}." if variant else ""), ""]
     lines += markdown.table(["recipe", "run", "N", "TPP", "tau", "weight decay", "batch (seqs)", "steps",
                              "final eval loss", "MAE vs family mean (eval)", "time (s)"], rows)
     lines += ["", "Collapse quality over t̂ in [0.2, 1] of the normalized curves L(t̂)/L(T), each recipe's first-seed "

@@ -59,7 +59,8 @@ def test_report_measures_each_recipe_their_ratio_and_the_seed_noise(tmp_path):
         _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
     runs.append(demo.DemoRun("tau", "d64", (), (), replica=1))
     _fake_run(tmp_path / "tau" / "d64-seed1", 0.51, 2.8, 2e5, 0.3, noise=0.02)
-    summary = demo.write_report(str(tmp_path), runs, {}, quick=True)
+    summary = demo.write_report(str(tmp_path), runs, {}, quick=True, variant=("RecipeConfig.decay_convention = "
+                                                                             "'width_scaled'",))
     assert summary["loss"] == "eval" and summary["naive"]["mean_abs_dev"] > 5 * summary["tau"]["mean_abs_dev"]
     assert summary["ratio"] == pytest.approx(summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"])
     assert summary["train"]["ratio"] > 5 and summary["supercollapse"]["ratio"] < 1  # the seed noise dominates
@@ -67,5 +68,6 @@ def test_report_measures_each_recipe_their_ratio_and_the_seed_noise(tmp_path):
     assert f"- eval curves: ratio naive / tau of the mean absolute deviation **{summary['ratio']:.2f}**" in report
     assert f"= **{summary['supercollapse']['ratio']:.2f}** (target <= 1.5: met)" in report
     assert "| tau | d64-seed1 |" in report and "(seed noise)" in report
+    assert "Layered on every run: RecipeConfig.decay_convention = 'width_scaled'." in report
     assert demo.SEED_NOISE_RESULTS in report and os.path.isfile(os.path.join(ROOT, demo.SEED_NOISE_RESULTS))
     assert (tmp_path / "collapse.png").stat().st_size > 10_000

@@ -14,6 +14,8 @@ def add_commands(subparsers) -> None:
                                                                      "recipe and size, report.md, collapse.png")
     p.add_argument("--quick", action="store_true", help="a small token budget (about 3 minutes)")
     p.add_argument("--sizes", default=",".join(SIZES), help="comma-separated experiments/tiny/<size>.gin names")
+    options.add_gin_options(p, required=False, file_help="gin file layered on every run after the demo's own "
+                                                         "(a variant of both recipes)")
     p.set_defaults(func=demo_command)
 
 
@@ -21,7 +23,8 @@ def demo_command(args) -> int:
     from celerity_jax import demo
 
     sizes = tuple(s for s in args.sizes.split(",") if s)
-    report = demo.run_demo(args.workdir, sizes, quick=args.quick, force_new=args.force_new)
+    report = demo.run_demo(args.workdir, sizes, quick=args.quick, force_new=args.force_new,
+                           gin_files=tuple(args.gin_file), gin_params=tuple(args.gin_param))
     print(f"\ncollapse spread on the eval curves (mean |l - family mean| over t̂ in [0.2, 1]): tau "
           f"{report['tau']['mean_abs_dev']:.4f}, naive {report['naive']['mean_abs_dev']:.4f}, ratio "
           f"{report['ratio']:.2f} (target >= {TARGET_RATIO})")

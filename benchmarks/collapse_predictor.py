@@ -4,14 +4,18 @@ For every size with at least two smaller sizes among the CURVEs (run directories
 N known), references are built from each smaller size (seeds averaged); each run of the target size is
 cut at several fractions of training, aligned over t̂ in [f/2, f], and its predicted final loss is
 compared with its real (smoothed) final loss: once against the nearest smaller size alone, once against
-the family-aware curve extrapolated to its N. `--synthetic` writes a drifting surrogate family first.
+the family-aware curve extrapolated to its N. With `--leave-one-out` every size is a target in turn and
+the references are all the other sizes (the nearest in log N alone, or the family-aware curve at its N).
+`--synthetic` writes a drifting surrogate family first.
 
     python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
+    python benchmarks/collapse_predictor.py runs/predictor/tpp5/*/* --leave-one-out
     python benchmarks/collapse_predictor.py --synthetic
 """
 
 import argparse
 import json
+import math
 import os
 import tempfile
 
@@ -40,8 +44,9 @@ def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) ->
     return paths
 
 
-def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int, force: bool) -> dict:
-    runs = [files.load_curve(p) for p in paths]
+def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int, force: bool,
+             leave_one_out: bool = False, loss: str = "train") -> dict:
+    runs = [files.load_curve(p, loss=loss) for p in paths]
     by_size: dict[float, list[files.Curve]] = {}
     for run in runs:
         if run.controls.n_params is None:
@@ -57,16 +62,19 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
     refs = {n: reference.reference_from_curves(by_size[n], n_bins, smooth_bins, force=force) for n in sizes}
     frac_G = curves.bin_centers(n_bins)
     rows = []
-    for i, target in enumerate(sizes[2:], start=2):
-        smaller = [refs[n] for n in sizes[:i]]
-        candidates = {"single": reference.reference_curve(smaller[-1:], frac_G),
-                      "family": reference.reference_curve(smaller, frac_G, target)}
+    for i, target in enumerate(sizes):
+        others = [refs[n] for n in sizes if n != target] if leave_one_out else [refs[n] for n in sizes[:i]]
+        if len(others) < 2:
+            continue
+        nearest = min(others, key=lambda r: abs(math.log(r.controls.n_params / target)))
+        candidates = {"single": reference.reference_curve([nearest], frac_G),
+                      "family": reference.reference_curve(others, frac_G, target)}
         for run in by_size[target]:
             sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
             true_final = float(curves.smooth(sum_G, count_G, smooth_bins)[0][-1])
             for f in fracs:
                 partial = curves.bin_curve(run.frac_T[run.frac_T <= f], run.loss_T[run.frac_T <= f], n_bins)
-                row = {"curve": run.source, "n_params": target, "references": len(smaller), "frac": f}
+                row = {"curve": run.source, "n_params": target, "references": len(others), "frac": f}
                 for name, ref_G in candidates.items():
                     pred = float(curves.early_align(*partial, ref_G, (f / 2, f)).final)
                     row[f"{name}_error"] = pred / true_final - 1.0
@@ -75,7 +83,10 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")
     summary = {f: {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows if r["frac"] == f]))
                    for name in ("single", "family")} for f in fracs}
-    return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins}
+    for errors in summary.values():
+        errors["family_over_single"] = errors["family"] / errors["single"]
+    return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins,
+            "leave_one_out": leave_one_out, "loss_curve": loss}
 
 
 def main() -> int:
@@ -86,6 +97,8 @@ def main() -> int:
     parser.add_argument("--bins", type=int, default=200)
     parser.add_argument("--smooth-bins", type=int, default=11)
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--leave-one-out", action="store_true", help="every size a target, the others references")
+    parser.add_argument("--loss-curve", choices=files.LOSS_CURVES, default="train")
     parser.add_argument("--out", default="bench_out/collapse_predictor.json")
     args = parser.parse_args()
     fracs = [float(f) for f in args.fracs.split(",")]
@@ -93,13 +106,14 @@ def main() -> int:
         paths = write_synthetic_family(tmp) if args.synthetic else args.curves
         if not paths:
             parser.error("give CURVEs or --synthetic")
-        result = evaluate(paths, fracs, args.bins, args.smooth_bins, args.force)
+        result = evaluate(paths, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out, args.loss_curve)
     result["source"] = "synthetic drifting family" if args.synthetic else args.curves
     print(f"{len(result['sizes'])} sizes, {len(result['rows']) // len(fracs)} target runs; "
           "mean |predicted / real final loss - 1|, aligned over t̂ in [f/2, f]")
-    print(f"{'seen f':>7s} {'single ref':>11s} {'family':>9s}")
+    print(f"{'seen f':>7s} {'single ref':>11s} {'family':>9s} {'family/single':>14s}")
     for f, errors in result["mean_abs_error"].items():
-        print(f"{f:7.2f} {100 * errors['single']:10.3f}% {100 * errors['family']:8.3f}%")
+        print(f"{f:7.2f} {100 * errors['single']:10.3f}% {100 * errors['family']:8.3f}% "
+              f"{errors['family_over_single']:13.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, result)
     print(f"wrote {args.out}")

@@ -15,6 +15,7 @@ from celerity_jax.collapse import curves, monitor
 from celerity_jax.collapse.config import CurveGrid, replay_config
 from celerity_jax.collapse.files import Curve
 from celerity_jax.collapse.reference import reference_on_grid
+from celerity_jax.train.rundir import LOSS_CSV
 
 QUALITY_RANGE = (0.2, 1.0)
 
@@ -78,7 +79,9 @@ def compare_family(runs: list[Curve], n_bins: int = 1000, smooth_bins: int = 11,
 
 
 def _label(source: str) -> str:
-    return os.path.basename(os.path.dirname(source) if source.endswith("curve.csv") else source)
+    """The run's name: its directory for a run directory's loss file, else the file or directory itself."""
+    in_run_dir = os.path.basename(source) in LOSS_CSV.values()
+    return os.path.basename(os.path.dirname(source) if in_run_dir else source)
 
 
 def plot_families(families: dict[str, FamilyComparison], path: str) -> None:

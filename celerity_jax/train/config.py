@@ -24,8 +24,9 @@ class TrainConfig:
     z_loss: float = 0.0
     log_every: int = 10
     eval_every: int = 100
-    # Also evaluate at this many evenly spaced points of t̂ (steps round(k·T/eval_points)), the same t̂ for
-    # every size of a family; eval.csv holds the eval curve. 0: only every eval_every steps.
+    # Also evaluate at the middle of each of this many equal parts of t̂ (steps round((k − ½)·T/eval_points)),
+    # the same t̂ for every size of a family and clear of the edges of any grid of eval_points/m bins;
+    # eval.csv holds the eval curve. 0: only every eval_every steps.
     eval_points: int = 0
     eval_batches: int = 4
     checkpoint_every: int = 500
@@ -68,7 +69,7 @@ class TrainConfig:
         """The steps evaluated besides every eval_every-th: the eval_points spread over t̂, and the last step
         whenever evals are on."""
         n = self.eval_points
-        steps = {max(1, round(k * total_steps / n)) for k in range(1, n + 1)} if n else set()
+        steps = {max(1, round((k - 0.5) * total_steps / n)) for k in range(1, n + 1)} if n else set()
         if self.eval_every or n:
             steps.add(total_steps)
         return frozenset(steps)

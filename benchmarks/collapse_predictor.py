@@ -25,6 +25,7 @@ import numpy as np
 from celerity_jax.collapse import curves, files, reference, surrogate
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
+from celerity_jax.train.rundir import LOSS_CSV
 
 
 def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) -> list[str]:
@@ -98,7 +99,7 @@ def main() -> int:
     parser.add_argument("--smooth-bins", type=int, default=11)
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--leave-one-out", action="store_true", help="every size a target, the others references")
-    parser.add_argument("--loss-curve", choices=files.LOSS_CURVES, default="train")
+    parser.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="train")
     parser.add_argument("--out", default="bench_out/collapse_predictor.json")
     args = parser.parse_args()
     fracs = [float(f) for f in args.fracs.split(",")]

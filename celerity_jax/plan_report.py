@@ -7,7 +7,7 @@ from celerity_jax.recipe import Plan
 
 
 DECAY_CONVENTION_TEXT = {
-    "per_lr": "every role decays at its own peak LR × λ (the paper's)",
+    "per_lr": "every role decays at its own peak LR × λ (our reading of the paper)",
     "width_scaled": "hidden matrices decay at their peak LR × m_d·λ (the PyTorch CompleteP reference)",
 }
 

@@ -30,8 +30,8 @@ class RecipeConfig:
     tau_law_exponent: float = -0.5
     # A fixed λ instead of a pinned τ (τ then follows from it): for baselines that do not pin τ.
     weight_decay: float | None = None
-    # How λ reaches each role (model/completep.py): "per_lr" (the paper's) decays every role at its LR × λ;
-    # "width_scaled" (the PyTorch CompleteP reference) multiplies the hidden matrices' λ by m_d.
+    # How λ reaches each role (model/completep.py): "per_lr" (our reading of the paper) decays every role at
+    # its LR × λ; "width_scaled" (the PyTorch CompleteP reference) multiplies the hidden matrices' λ by m_d.
     decay_convention: str = "per_lr"
     batch_seqs: int | None = None
     # B_tokens = batch_law_coef · D^batch_law_exponent, D the token budget at batch_law_tpp (Celerity

@@ -49,3 +49,10 @@ def test_compare_against_references_reports_alert_onsets(tmp_path):
     figure = os.path.join(tmp_path, "fig.png")
     compare.plot_families({"clean": compare.compare_family(runs[:1], N_BINS, WIDTH), "with fault": fam}, figure)
     assert os.path.getsize(figure) > 10_000 and sorted(os.listdir(tmp_path)) == ["fig.png", "ref.json"]
+
+
+def test_figure_labels_name_the_run_for_either_loss_file():
+    from celerity_jax.collapse.compare import _label
+
+    assert [_label(p) for p in ("runs/d64/curve.csv", "runs/d64/eval.csv", "curves/d80.csv", "runs/tb")] == [
+        "d64", "d64", "d80.csv", "tb"]

@@ -30,7 +30,6 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, write_json_atomic
 from celerity_jax.train.rundir import CURVE_CSV, LOSS_CSV, PLAN_JSON  # the run directory's file names
 
-LOSS_CURVES = tuple(LOSS_CSV)
 LOSS_TAG = {"train": "train/loss", "eval": "eval/loss"}
 LOSS_COLUMN = {"train": "loss", "eval": "eval_loss"}
 FRAC_TAG = "progress/frac"
@@ -89,8 +88,8 @@ def check_curve_path(path: str, flag: str = "CURVE") -> None:
 def load_curve(path: str, total_steps: int | None = None, loss: str = "train") -> Curve:
     """Reads and checks one CURVE (see the module docstring), its training (`loss="train"`) or eval loss;
     bad input raises ConfigError."""
-    if loss not in LOSS_CURVES:
-        raise ConfigError(f"the loss curve {loss!r} is not one of {LOSS_CURVES}")
+    if loss not in LOSS_CSV:
+        raise ConfigError(f"the loss curve {loss!r} is not one of {tuple(LOSS_CSV)}")
     path = os.path.normpath(path)
     check_curve_path(path)
     meta_path = None

@@ -14,10 +14,11 @@ Forward: embedding output × α_input, residual branch × m_L^(−α), logits ×
 scores × 1/head_dim.
 
 WEIGHT-DECAY CONVENTION (binding for the optimizer): on a leaf with decay=True the update is
-θ ← θ − η_base·s_t·lr·(adam_direction + c·λ·θ), c the role's λ multiplier (`weight_decay_multipliers`), so
-the decay rate actually applied is the LR multiplier times c·λ. `RecipeConfig.decay_convention` picks c:
-- "per_lr" (the default, the paper's): c = 1, so hidden matrices decay at η_base·s_t·λ·m_L^(α−1)/m_d and
-  the embedding and unembedding at η_base·s_t·λ, m_d/m_L^(α−1) times faster;
+θ ← θ − η_base·s_t·lr·(adam_direction + c·λ·θ), c the role's λ multiplier (`weight_decay_multipliers`),
+so the decay rate actually applied is the LR multiplier times c·λ. `RecipeConfig.decay_convention` picks c:
+- "per_lr" (the default, our reading of the paper): c = 1, so hidden matrices decay at
+  η_base·s_t·λ·m_L^(α−1)/m_d and the embedding and unembedding at η_base·s_t·λ, m_d/m_L^(α−1) times
+  faster;
 - "width_scaled" (the PyTorch CompleteP reference): c = m_d on hidden matrices, 1 elsewhere, so hidden
   matrices decay at η_base·s_t·λ·m_L^(α−1) and the embedding and unembedding at η_base·s_t·λ.
 Either way τ is the hidden matrices' timescale, computed from the rate they really get (recipe.py).

@@ -177,7 +177,8 @@ def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Sourc
 def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, operative_config: str, force_new: bool,
             is_chief: bool, log):
     """Prepares the run (the caller holds the lock) and yields its `Trainer`; closes the checkpointer, the
-    writers and the data iterator after the block, quietly when it raised (the error must not be masked by a failed close)."""
+    writers and the data iterator after the block, quietly when it raised (the error must not be masked by a
+    failed close)."""
     train_cfg = configs.train
     reference_G = _collapse_reference(configs, plan, workdir, log)
     data_it, eval_batches_np = _data(configs, plan)
@@ -207,7 +208,8 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
 
         tb = TensorBoardWriter(workdir) if is_chief else None
         curve = CurveCSV(os.path.join(workdir, rundir.CURVE_CSV), start_step) if is_chief else None
-        eval_curve = CurveCSV(os.path.join(workdir, rundir.EVAL_CSV), start_step) if is_chief else None
+        evaluates = train_cfg.eval_every or train_cfg.eval_points
+        eval_curve = CurveCSV(os.path.join(workdir, rundir.EVAL_CSV), start_step) if is_chief and evaluates else None
         if tb and operative_config and (start_step == 0 or init_description):
             tb.text(start_step, "config/operative_gin", _indented(operative_config))
             tb.text(start_step, "config/plan", _indented(plan.to_json()))

@@ -3,7 +3,7 @@
 The driver plans the tasks (`corpus.plan_tasks`); the pipeline tokenizes them (`corpus.tokenize_task`), sums
 their token counts into the group boundaries (`prepare.cut_groups` over the counts in task order), gathers
 each group's results, writes its shards (`arrayrecord.write_group`) and finally writes manifest.json
-(`prepare.build_manifest`) from the groups' shard entries and read counts, taken in task order. Same task
+(`prepare.write_manifest`) from the groups' shard entries and read counts, taken in task order. Same task
 plan, same grouping rule over the same counts, same writer: the folder is byte-identical to the local
 runner's with the same settings, whatever ran the work and in which order.
 
@@ -27,9 +27,7 @@ import shutil
 
 from celerity_jax.data import arrayrecord, corpus, prepare
 from celerity_jax.data.config import DataConfig
-from celerity_jax.data.tokenizer import load_tokenizer, token_dtype
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import write_json_atomic
 
 BEAM_STEP_NOTE = " [while running '"
 
@@ -48,19 +46,14 @@ def key_by_group(result: corpus.TaskResult, starts: list[int]) -> tuple[int, cor
     return bisect.bisect_right(starts, result.index) - 1, result
 
 
-def write_shards(group_results, folder: str, dtype, chunk_tokens: int) -> tuple[int, dict, corpus.ReadReport]:
-    """Writes one group's shards; returns (group, {split: shard entry}, what its tasks read, added in task order)."""
+def write_shards(group_results, folder: str, ident: dict) -> tuple[int, dict, corpus.ReadReport]:
+    """Writes one group's shards; returns (group, {split: shard entry}, what its tasks read)."""
     group, results = group_results
-    results = sorted(results, key=lambda r: r.index)
-    tokens = {s: [r.tokens[s] for r in results] for s in corpus.SPLITS}
-    shards = arrayrecord.write_group(pathlib.Path(folder), group, tokens, dtype, chunk_tokens)
-    report = corpus.ReadReport()
-    for result in results:
-        report.add(result)
-    return group, shards, report
+    return group, *prepare.write_shard_group(pathlib.Path(folder), group, sorted(results, key=lambda r: r.index),
+                                             ident)
 
 
-def write_manifest(groups: list, folder: str, ident: dict, cfg: DataConfig) -> None:
+def gather_groups(groups: list, folder: str, ident: dict, cfg: DataConfig) -> None:
     """Writes manifest.json from every group's shards and read counts, in group order, as `prepare` does."""
     report = corpus.ReadReport()
     shards: dict[str, list[dict]] = {s: [] for s in corpus.SPLITS}
@@ -68,9 +61,7 @@ def write_manifest(groups: list, folder: str, ident: dict, cfg: DataConfig) -> N
         for split, entry in group_shards.items():
             shards[split].append(entry)
         report.merge(group_report)
-    if not report.tokens["train"]:
-        raise corpus.empty_corpus_error(cfg, report)
-    write_json_atomic(os.path.join(folder, arrayrecord.MANIFEST), prepare.build_manifest(ident, report, shards))
+    prepare.write_manifest(cfg, pathlib.Path(folder), ident, report, shards)
 
 
 def config_error_in(error: BaseException) -> ConfigError | None:
@@ -114,7 +105,6 @@ def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard
     files = corpus.input_files(cfg)  # bad paths and tokenizers fail here, before anything is created
     tasks = corpus.plan_tasks(files)
     ident = prepare.identity(cfg, files, tasks, chunk_tokens, shard_tokens)
-    dtype = token_dtype(load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size)
     work = prepare.partial_folder(out_dir)
     if os.path.isdir(work) and os.listdir(work):
         raise ConfigError(f"{work} holds an unfinished prepare-data, which a Beam run cannot resume; finish it with "
@@ -133,9 +123,9 @@ def prepare_with_beam(cfg: DataConfig, out_dir: str, *, chunk_tokens: int, shard
             (results
              | "KeyByGroup" >> beam.Map(key_by_group, beam.pvalue.AsSingleton(starts))
              | "GroupResults" >> beam.GroupByKey()
-             | "WriteShards" >> beam.Map(write_shards, work, dtype, chunk_tokens)
+             | "WriteShards" >> beam.Map(write_shards, work, ident)
              | "AllGroups" >> beam.combiners.ToList()
-             | "WriteManifest" >> beam.Map(write_manifest, work, ident, cfg))
+             | "WriteManifest" >> beam.Map(gather_groups, work, ident, cfg))
     except BaseException as e:
         shutil.rmtree(work, ignore_errors=True)
         if isinstance(e, ConfigError) and BEAM_STEP_NOTE not in str(e):

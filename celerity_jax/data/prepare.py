@@ -21,12 +21,13 @@ import itertools
 import json
 import multiprocessing
 import os
+import pathlib
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
-import pathlib
+import numpy as np
 
 from celerity_jax.data import arrayrecord, corpus
 from celerity_jax.data.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SHARD_TOKENS, DataConfig
@@ -78,9 +79,27 @@ def identity(cfg: DataConfig, files: list[corpus.InputFile], tasks: list[corpus.
             "task_plan": plan_digest(tasks)}
 
 
-def build_manifest(ident: dict, report: corpus.ReadReport, shards: dict[str, list[dict]]) -> dict:
-    return {**ident, "read": report.to_json(), "summary": report.summary(),
-            "splits": {s: {"tokens": report.tokens[s], "shards": shards[s]} for s in corpus.SPLITS}}
+def write_shard_group(folder: pathlib.Path, group: int, results: list[corpus.TaskResult],
+                      ident: dict) -> tuple[dict[str, dict], corpus.ReadReport]:
+    """Shard group `group` from its tasks' results, in task order: ({split: shard entry}, what they read)."""
+    tokens = {s: [r.tokens[s] for r in results] for s in corpus.SPLITS}
+    shards = arrayrecord.write_group(folder, group, tokens, np.dtype(ident["dtype"]), ident["chunk_tokens"])
+    report = corpus.ReadReport()
+    for result in results:
+        report.add(result)
+    return shards, report
+
+
+def write_manifest(cfg: DataConfig, folder: pathlib.Path, ident: dict, report: corpus.ReadReport,
+                   shards: dict[str, list[dict]]) -> dict:
+    """Writes manifest.json, last: the folder is complete from then on. ConfigError if the training split is
+    empty."""
+    if not report.tokens["train"]:
+        raise corpus.empty_corpus_error(cfg, report)
+    manifest = {**ident, "read": report.to_json(), "summary": report.summary(),
+                "splits": {s: {"tokens": report.tokens[s], "shards": shards[s]} for s in corpus.SPLITS}}
+    write_json_atomic(str(folder / arrayrecord.MANIFEST), manifest)
+    return manifest
 
 
 def check_sizes(chunk_tokens: int, shard_tokens: int) -> None:
@@ -168,7 +187,6 @@ def _tokenized(cfg: DataConfig, tasks: list[corpus.Task], pool, workers: int) ->
 
 def _write_groups(cfg: DataConfig, tasks: list[corpus.Task], journal: _Journal, workers: int,
                   progress: Progress) -> None:
-    dtype = token_dtype(load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size)
     # spawn: forking a process whose tokenizer has run threads can deadlock
     pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
             if workers > 1 else None)
@@ -182,12 +200,10 @@ def _write_groups(cfg: DataConfig, tasks: list[corpus.Task], journal: _Journal, 
 
     try:
         for _ in cut_groups(token_counts(), journal.ident["shard_tokens"]):
-            tokens = {s: [r.tokens[s] for r in held] for s in corpus.SPLITS}
-            for split, entry in arrayrecord.write_group(journal.folder, journal.groups, tokens, dtype,
-                                                        journal.ident["chunk_tokens"]).items():
+            shards, report = write_shard_group(journal.folder, journal.groups, held, journal.ident)
+            for split, entry in shards.items():
                 journal.shards[split].append(entry)
-            for result in held:
-                journal.report.add(result)
+            journal.report.merge(report)
             journal.groups += 1
             journal.next_task += len(held)
             held.clear()
@@ -246,10 +262,7 @@ def _build(cfg: DataConfig, tasks: list[corpus.Task], journal: _Journal, workers
     try:
         journal.clear_unlisted()
         _write_groups(cfg, tasks, journal, workers, progress)
-        if not journal.report.tokens["train"]:
-            raise corpus.empty_corpus_error(cfg, journal.report)
-        manifest = build_manifest(journal.ident, journal.report, journal.shards)
-        write_json_atomic(str(journal.folder / arrayrecord.MANIFEST), manifest)
+        manifest = write_manifest(cfg, journal.folder, journal.ident, journal.report, journal.shards)
     except ConfigError:
         progress.close()
         shutil.rmtree(journal.folder, ignore_errors=True)  # a bad input: nothing to resume

@@ -131,22 +131,17 @@ def test_parquet_string_types_are_all_text(tmp_path, column):
     assert _read(path, text_column="body", key="k") == ([("k:0", "a"), ("k:1", "b")], sources.BadRecords())
 
 
-def test_parquet_without_the_text_column_stops_in_either_mode(tmp_path):
-    path = _parquet(tmp_path / "a.parquet", pa.table({"id": [1], "content": ["x"]}))
-    for on_bad in ("skip", "fail"):
-        with pytest.raises(ConfigError) as e:
-            _read(path, on_bad=on_bad)
-        assert str(e.value) == (f"{path} has no column 'text' (its columns: id, content); name the text column "
-                                "with --text-column (DataConfig.text_column)")
-
-
-def test_parquet_text_column_of_another_type_stops_in_either_mode(tmp_path):
-    path = _parquet(tmp_path / "a.parquet", pa.table({"text": [1, 2]}))
-    for on_bad in ("skip", "fail"):
-        with pytest.raises(ConfigError) as e:
-            _read(path, on_bad=on_bad)
-        assert str(e.value) == (f"{path}: column 'text' holds int64, not strings; name the text column with "
-                                "--text-column (DataConfig.text_column)")
+@pytest.mark.parametrize("columns, problem", [
+    ({"id": [1], "content": ["x"]}, "{path} has no column 'text' (its columns: id, content)"),
+    ({"text": [1, 2]}, "{path}: column 'text' holds int64, not strings"),
+])
+@pytest.mark.parametrize("on_bad", ["skip", "fail"])
+def test_parquet_without_a_string_text_column_stops_in_either_mode(tmp_path, columns, problem, on_bad):
+    path = _parquet(tmp_path / "a.parquet", pa.table(columns))
+    with pytest.raises(ConfigError) as e:
+        _read(path, on_bad=on_bad)
+    fix = "; name the text column with --text-column (DataConfig.text_column)"
+    assert str(e.value) == problem.format(path=path) + fix
 
 
 def _corrupt_gzip(path):

@@ -139,8 +139,8 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
     for r in runs:
         with open(os.path.join(r.workdir(workdir), "plan.json")) as f:
             plan = json.load(f)
-        mae = next((f"{x['mae']:.4f}" for x in families[r.recipe].rows if x["curve"].startswith(r.workdir(workdir))
-                    and not r.replica), "(seed noise)")
+        mae = "(seed noise)" if r.replica else next(f"{x['mae']:.4f}" for x in families[r.recipe].rows
+                                                    if x["curve"].startswith(r.workdir(workdir)))
         eval_curve = files.load_curve(r.workdir(workdir), loss="eval")
         rows.append([r.recipe, r.name.split("/")[1], f"{plan['n_params']:,}", f"{plan['tpp']:.2f}",
                      f"{plan['tau']:.3f}", f"{plan['weight_decay']:.3g}", plan["batch_seqs"], plan["steps"],

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One-shot check on a machine with one NVIDIA H100 or H200 (under 10 minutes):
-#   0. `benchmarks/attention_kernels.py` at 2048 and 8192 tokens: the Triton flash kernel (attention_impl 'flash')
-#      against XLA's attention: errors, time and temporary memory (what decides whether 'auto' picks it on GPU);
+#   0. `benchmarks/attention_kernels.py` at 2048 and 8192 tokens: the Triton flash kernel (attention_impl 'flash',
+#      what 'auto' picks on a GPU) against XLA's attention: errors, time and temporary memory;
 #   1. `celerity compile` for that GPU, on the benchmark's 300M shape (celerity-300m, 16 × 2048 tokens, scanned
-#      layers, one microbatch): the per-GPU bytes XLA plans (and its estimates, where XLA gives them);
+#      layers, one microbatch, flash attention): the per-GPU bytes XLA plans (and its estimates, where XLA gives them);
 #   2. `benchmarks/train_throughput.py --sizes 300m`: the measured step time, MFU and peak GPU memory;
 #   3. a side-by-side line of both, and everything as JSON under $OUT (default bench_out/accelerator_check).
 # Needs jax with CUDA plus this project's dependencies importable by `python3` (e.g. `pip install -e .
@@ -33,7 +33,7 @@ time "$PY" benchmarks/attention_kernels.py --seq-lens 2048,8192 --heads 10 --hea
 # the benchmark's 300m shape, as gin bindings on top of the Celerity 300M size file
 SHAPE=(--gin-file experiments/celerity/300m_20tpp.gin
        --gin-param "RecipeConfig.seq_len = 2048" --gin-param "RecipeConfig.batch_seqs = 16"
-       --gin-param "ModelConfig.scan_layers = True" --gin-param "ModelConfig.attention_impl = 'cudnn'"
+       --gin-param "ModelConfig.scan_layers = True"
        --gin-param "TrainConfig.mesh_shape = (1, 1, 1)")
 time "$PY" -m celerity_jax.cli compile "${SHAPE[@]}" --topology "$GPU-1" --cache-dir "" --json "$OUT/compile.json" \
     || echo "celerity compile did not finish (see above)"

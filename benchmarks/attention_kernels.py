@@ -27,19 +27,19 @@ from celerity_jax.model import positions, transformer
 
 def attention_fns(heads: int, head_dim: int, seq_len: int):
     scale, slopes = 1.0 / head_dim, positions.alibi_slopes(heads)
-    bias = positions.alibi_bias(heads, seq_len)
 
     def flash(q, k, v):
         return transformer.platform_flash_attention(q, k, v, scale=scale, alibi_slopes_H=slopes)
 
-    def xla(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, bias=bias.astype(q.dtype), is_causal=True, scale=scale,
+    def xla(q, k, v):  # the bias is built inside the jitted program: captured, it would be an H×L×L constant
+        bias = positions.alibi_bias(heads, seq_len).astype(q.dtype)
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=True, scale=scale,
                                             implementation="xla")
     return {"flash": flash, "xla": xla}
 
 
-def value_and_grads(attend, weights):
-    def loss(q, k, v):
+def value_and_grads(attend):
+    def loss(q, k, v, weights):
         out = attend(q, k, v)
         return jnp.sum(out.astype(jnp.float32) * weights), out
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
@@ -56,12 +56,12 @@ def measure(seq_len: int, args) -> dict:
     q, k, v = (jax.random.normal(key, shape) for key in keys[:3])
     weights = jax.random.normal(keys[3], shape)
     fns = attention_fns(args.heads, args.head_dim, seq_len)
-    (_, want_out), want_grads = value_and_grads(fns["xla"], weights)(q, k, v)
+    (_, want_out), want_grads = value_and_grads(fns["xla"])(q, k, v, weights)
     row = {"seq_len": seq_len}
     for name, attend in fns.items():
-        step = value_and_grads(attend, weights)
+        step = value_and_grads(attend)
         for dtype in ("float32", "bfloat16"):
-            inputs = [x.astype(dtype) for x in (q, k, v)]
+            inputs = [x.astype(dtype) for x in (q, k, v)] + [weights]
             compiled = step.lower(*inputs).compile()
             (_, out), grads = compiled(*inputs)
             row[f"{name}_{dtype}_error_out"] = relative_error(out, want_out)

@@ -22,8 +22,8 @@ overhead). A step counts at its fastest repeat against the fastest matmul of the
 brackets, at its median against the median matmul of the first phase.
 
     .venv/bin/python benchmarks/train_throughput.py [--quick] [--sizes 128,256,512] [--seq-len 256]
-        [--batch 16] [--steps 6] [--levers] [--no-fast-dense] [--no-blocked-attention] [--no-mallopt]
-        [--scan-layers] [--profile DIR] [--out bench_out/train_throughput.json]
+        [--batch 16] [--steps 6] [--attention IMPL] [--levers] [--no-fast-dense] [--no-blocked-attention]
+        [--no-mallopt] [--scan-layers] [--profile DIR] [--out bench_out/train_throughput.json]
 """
 
 import argparse
@@ -46,8 +46,7 @@ from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import params as params_lib, presets, transformer
-from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.loss import cross_entropy
+from celerity_jax.model.config import ATTENTION_IMPLS, ModelConfig
 from celerity_jax.train import loop, rundir
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import TrainConfig
@@ -65,10 +64,10 @@ def model_config(size: str, args) -> ModelConfig:
             overrides.update(off)
     if args.scan_layers:
         overrides["scan_layers"] = True
+    if args.attention:
+        overrides["attention_impl"] = args.attention
     if size == "300m":
         overrides["scan_layers"] = True
-        if jax.default_backend() == "gpu":
-            overrides["attention_impl"] = "cudnn"
         return presets.preset("celerity-300m", **overrides)
     d = int(size)
     return presets.preset("tiny-d128", d_model=d, n_heads=d // args.head_dim, head_dim=args.head_dim,
@@ -78,7 +77,7 @@ def model_config(size: str, args) -> ModelConfig:
 def minimal_step(model_cfg: ModelConfig, optimizer, state_sh, batch_sh):
     """Loss, gradient and optimizer update only: what the real step costs without monitor and metrics."""
     def loss_fn(params, batch):
-        return cross_entropy(transformer.apply(model_cfg, params, batch["inputs"]), batch["targets"])[0]
+        return transformer.next_token_loss(model_cfg, params, batch["inputs"], batch["targets"])[0]
 
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
@@ -324,6 +323,8 @@ def main() -> int:
                         help="ModelConfig.dense_backward = 'plain' (XLA's own Dense backward)")
     parser.add_argument("--no-blocked-attention", action="store_true",
                         help="ModelConfig.attention_impl = 'xla' (jax.nn.dot_product_attention)")
+    parser.add_argument("--attention", choices=ATTENTION_IMPLS, default=None,
+                        help="ModelConfig.attention_impl for every shape (default: the config's 'auto')")
     parser.add_argument("--no-mallopt", action="store_true",
                         help="leave glibc's allocator as it is (see celerity_jax/hostmem.py)")
     parser.add_argument("--scan-layers", action="store_true",
@@ -333,6 +334,8 @@ def main() -> int:
                              "(open it with TensorBoard's profile plugin or xprof)")
     parser.add_argument("--out", default="bench_out/train_throughput.json")
     args = parser.parse_args()
+    if args.attention and args.no_blocked_attention:
+        parser.error("--attention and --no-blocked-attention both set attention_impl; give one")
     host_memory = (hostmem.HostMemory({}, "turned off by --no-mallopt") if args.no_mallopt
                    else hostmem.retain_freed_memory())  # before JAX allocates anything
     cpu = jax.default_backend() == "cpu"

@@ -49,7 +49,7 @@ def test_auto_resolves_for_the_target_not_the_host():
     assert ModelConfig().for_platform("tpu").compute_dtype == "bfloat16"
     assert ModelConfig().for_platform("cpu").attention_impl == "blocked"
     assert ModelConfig(attention_impl="xla").for_platform("cpu").attention_impl == "xla"
-    assert ModelConfig().for_platform("gpu").attention_impl == "xla"  # until the Triton kernel has run on a GPU
+    assert ModelConfig().for_platform("gpu").attention_impl == "flash"
     assert ModelConfig().for_platform("cuda").compute_dtype == "bfloat16"
     report = compile_report(_configs(), SLICE, Setting((4, 1, 1), 1, "none", False))
     assert (report["compute_dtype"], report["attention_impl"], report["dense_backward"]) == ("bfloat16", "flash",

@@ -51,10 +51,10 @@ class ModelConfig:
     alpha_output: float = 1.095
     compute_dtype: str = "auto"  # "auto": bfloat16 on accelerators, float32 on CPU
     # How attention and the Dense backward are computed; the function is the same up to float rounding.
-    # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "flash" on TPU, "xla" (XLA's
-    # jax.nn.dot_product_attention) on GPU; "cudnn" asks for cuDNN's fused GPU kernel. "flash" is a Pallas
-    # kernel with ALiBi computed inside it: Mosaic on TPU (`flash_attention.py`), Triton on NVIDIA GPUs
-    # (`flash_attention_gpu.py`, not yet run on one, hence not auto there), the Pallas interpreter on CPU (tests).
+    # attention_impl "auto": "blocked" (einsums over causal query blocks) on CPU, "flash" on TPU and GPU; "xla" is
+    # XLA's jax.nn.dot_product_attention, "cudnn" cuDNN's fused GPU kernel. "flash" is a Pallas kernel with ALiBi
+    # computed inside it: Mosaic on TPU (`flash_attention.py`), Triton on NVIDIA GPUs (`flash_attention_gpu.py`),
+    # the Pallas interpreter on CPU (tests).
     attention_impl: str = "auto"
     # dense_backward "auto": "transposed" (weight gradient as a plain GEMM, `matmul.py`) on CPU, "plain" elsewhere.
     dense_backward: str = "auto"
@@ -138,7 +138,7 @@ class ModelConfig:
 # What "auto" means per platform ("cpu", "tpu", "gpu"), for the fields that accept it.
 AUTO_CHOICES = {
     "compute_dtype": {"cpu": "float32", "tpu": "bfloat16", "gpu": "bfloat16"},
-    "attention_impl": {"cpu": "blocked", "tpu": "flash", "gpu": "xla"},
+    "attention_impl": {"cpu": "blocked", "tpu": "flash", "gpu": "flash"},
     "dense_backward": {"cpu": "transposed", "tpu": "plain", "gpu": "plain"},
 }
 

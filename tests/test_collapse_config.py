@@ -21,13 +21,14 @@ def test_the_first_failing_check_is_reported():
 
 
 def test_monitor_config_fields_are_a_run_identity():
-    """dataclasses.asdict(MonitorConfig) is stored in run.json: its keys, order and defaults stay."""
+    """dataclasses.asdict(MonitorConfig) is stored in run.json: its keys, order and defaults stay (a key added
+    later is compared at its default with older run directories: rundir.same_run)."""
     assert dataclasses.asdict(MonitorConfig()) == {
         "n_bins": 1000, "smooth_bins": 11, "align_window": (0.25, 0.5), "min_align_span": 0.05, "offset": 0.0,
-        "alert_k": 4.0, "alert_m": 10, "residual_floor": 0.0, "stop_on_alert": False}
+        "alert_k": 4.0, "alert_m": 10, "residual_floor": 0.0, "stop_on_alert": False, "loss_curve": "train"}
     assert list(dataclasses.asdict(MonitorConfig())) == ["n_bins", "smooth_bins", "align_window", "min_align_span",
                                                           "offset", "alert_k", "alert_m", "residual_floor",
-                                                          "stop_on_alert"]
+                                                          "stop_on_alert", "loss_curve"]
     assert MonitorConfig(align_window=[0.1, 0.4]).align_window == (0.1, 0.4)  # gin gives lists
 
 

@@ -252,3 +252,43 @@ def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path, tiny_configs
         loop.train(tiny_configs(), workdir, log=lambda _: None)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
     assert not [n for n in os.listdir(workdir) if n.startswith("corrupt-")]
+
+
+@pytest.mark.slow  # 20 s
+def test_in_loop_monitor_can_follow_the_eval_curve(tmp_path, tiny_configs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from celerity_jax.collapse import config, curves, files, monitor, reference
+
+    evals = ("TrainConfig.eval_points = 10", "TrainConfig.eval_every = 0", "MonitorConfig.loss_curve = 'eval'",
+             "MonitorConfig.n_bins = 10", "MonitorConfig.smooth_bins = 1", "MonitorConfig.alert_m = 2")
+    loop.train(tiny_configs(*evals[:2]), str(tmp_path / "ref_run"), log=lambda _: None)
+    ref = reference.reference_from_curves([files.load_curve(str(tmp_path / "ref_run"), loss="eval")], n_bins=10,
+                                          smooth_bins=1)
+    files.save_reference(ref, str(tmp_path / "ref.json"))
+    workdir = str(tmp_path / "run")
+    configs = tiny_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)",
+                           *evals)
+    loop.train(configs, workdir, log=lambda _: None)
+
+    events = EventAccumulator(workdir)
+    events.Reload()
+    logged = events.Scalars("collapse/pred_final_loss")[-1].value
+    run = files.load_curve(workdir, loss="eval")
+    state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, 10)))
+    ref_G, _ = reference.reference_on_grid([str(tmp_path / "ref.json")], configs.monitor, run.controls)
+    offline = float(monitor.monitor_metrics(state, ref_G, configs.monitor)["collapse/pred_final_loss"])
+    assert logged == pytest.approx(offline, rel=1e-5)  # the monitor saw exactly eval.csv's losses
+    train_curve = files.load_curve(workdir)
+    train_state = dict(zip(("loss_sum", "count"), curves.bin_curve(train_curve.frac_T, train_curve.loss_T, 10)))
+    assert logged != pytest.approx(float(monitor.monitor_metrics(train_state, ref_G, configs.monitor)[
+        "collapse/pred_final_loss"]), rel=1e-5)
+
+    with pytest.raises(ConfigError, match="built from eval curves"):  # an eval reference for a train-curve run
+        reference.reference_on_grid([str(tmp_path / "ref.json")], config.MonitorConfig(n_bins=10, smooth_bins=1),
+                                    run.controls)
+
+
+def test_a_monitor_on_the_eval_curve_needs_evals(tiny_configs):
+    with pytest.raises(ConfigError, match="never evaluates"):
+        tiny_configs("TrainConfig.eval_every = 0", "MonitorConfig.loss_curve = 'eval'")

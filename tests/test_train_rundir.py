@@ -22,6 +22,17 @@ def test_a_different_run_is_refused_naming_the_differences(tmp_path):
     assert rundir.check_workdir(str(tmp_path), _identity(64), force_new=True) is True
 
 
+def test_a_config_field_added_since_counts_as_equal_at_its_default(tmp_path):
+    identity = {"monitor": {"n_bins": 1000, "loss_curve": "train"}, "plan": {"steps": 114}}
+    older = {"monitor": {"n_bins": 1000}, "plan": {"steps": 114}}  # written before MonitorConfig.loss_curve
+    (tmp_path / rundir.RUN_JSON).write_text(json.dumps(older))
+    assert rundir.check_workdir(str(tmp_path), identity, force_new=False) is False
+    changed = {"monitor": {"n_bins": 1000, "loss_curve": "eval"}, "plan": {"steps": 114}}
+    with pytest.raises(ConfigError, match=r"monitor.loss_curve: None -> 'eval'"):
+        rundir.check_workdir(str(tmp_path), changed, force_new=False)
+    assert not rundir.same_run({"monitor": {"n_bins": 1000}, "plan": {}}, identity)  # a plan key is never filled
+
+
 def test_archiving_moves_the_run_and_keeps_the_lock_and_the_log(tmp_path):
     for name in (rundir.RUN_JSON, rundir.CURVE_CSV, rundir.LOCK_FILE, rundir.LOG_FILE):
         (tmp_path / name).write_text("x")

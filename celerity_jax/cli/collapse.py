@@ -158,7 +158,7 @@ def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
     """Early-align of `run` against the references (family-aware when they span sizes)."""
     from celerity_jax.collapse import curves, monitor, reference
 
-    reference_G, notes = reference.reference_on_grid(paths, cfg, run.controls, run.source, force)
+    reference_G, notes = reference.reference_on_grid(paths, cfg, run.controls, run.source, force, run.loss)
     state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins)))
     metrics = {k: float(v) for k, v in monitor.monitor_metrics(state, reference_G, cfg).items()}
     if math.isnan(metrics["collapse/pred_final_loss"]):

@@ -49,7 +49,7 @@ def compare_family(runs: list[Curve], n_bins: int = 1000, smooth_bins: int = 11,
     if references:
         baselines = []
         for run, row in zip(runs, rows):
-            ref_G, run_notes = reference_on_grid(references, cfg, run.controls, run.source, force)
+            ref_G, run_notes = reference_on_grid(references, cfg, run.controls, run.source, force, run.loss)
             notes += run_notes
             baselines.append(np.asarray(ref_G))
             logs = monitor.replay_monitor(run.frac_T, run.loss_T, ref_G, cfg, max(1, run.total_steps // n_bins))

@@ -5,6 +5,7 @@ import dataclasses
 
 from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
+from celerity_jax.train.rundir import LOSS_CSV
 
 
 def _grid_checks(n_bins: int, smooth_bins: int, offset: float) -> dict[str, tuple[bool, str]]:
@@ -50,6 +51,11 @@ class MonitorConfig:
     k = 4, m = 10 mean 1% of training with 1000 bins. `stop_on_alert` asks the trainer to stop (with a
     checkpoint) when the alert is raised.
 
+    `loss_curve` is the curve the monitor follows: "train", the training loss of every step, or "eval", the
+    held-out loss of each eval (TrainConfig.eval_points spreads evals evenly over t̂). An eval curve has one
+    point per eval, so give it a grid of at most eval_points bins and an alert_m of a few bins (e.g.
+    n_bins = eval_points = 50, smooth_bins = 1, alert_m = 3); its reference must be built from eval curves.
+
     The fields and their order are part of a run's identity (run.json); `grid` is the CurveGrid they give.
     """
     n_bins: int = 1000
@@ -61,6 +67,7 @@ class MonitorConfig:
     alert_m: int = 10
     residual_floor: float = 0.0         # least σ of the residual, in normalized-loss units
     stop_on_alert: bool = False         # read by the trainer: stop (with a checkpoint) on an alert
+    loss_curve: str = "train"           # "train" or "eval"
 
     def __post_init__(self):
         check_field_types(self)  # also makes align_window a pair: a tuple, hashable when gin gives a list
@@ -75,6 +82,7 @@ class MonitorConfig:
             (self.alert_k > 0.0, "alert_k must be > 0"),
             (self.alert_m >= 1, "alert_m must be >= 1"),
             (self.residual_floor >= 0.0, "residual_floor must be >= 0"),
+            (self.loss_curve in LOSS_CSV, f"loss_curve must be one of {tuple(LOSS_CSV)}"),
         ])
 
     @property

@@ -78,22 +78,38 @@ def reference_curve(refs: list[Reference], frac_G: np.ndarray, n_params: float |
 
 
 def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, controls: Controls,
-                      run_name: str = "the run", force: bool = False) -> tuple[jnp.ndarray, list[str]]:
+                      run_name: str = "the run", force: bool = False,
+                      loss_curve: str | None = None) -> tuple[jnp.ndarray, list[str]]:
     """Loads reference JSONs for a run and returns (reference_G on the grid of `cfg`, notes).
 
-    `cfg` is a CurveGrid, or a MonitorConfig (its grid). Refuses references whose TPP, τ, schedule or
-    offset differ from `controls` unless `force`; with several sizes (and controls.n_params known) the
+    `cfg` is a CurveGrid, or a MonitorConfig (its grid). Refuses references whose TPP, τ, schedule or offset
+    differ from `controls`, or that were built from another loss curve than the run's (`loss_curve`, "train" or
+    "eval"; by default the MonitorConfig's, else "train"), unless `force`; with several sizes (and controls.n_params known) the
     curve is the family-aware one at the run's N.
     """
     grid = cfg.grid if isinstance(cfg, MonitorConfig) else cfg
+    loss_curve = loss_curve or (cfg.loss_curve if isinstance(cfg, MonitorConfig) else "train")
     if not paths:
         raise ConfigError("no reference given; build one with `celerity collapse reference`")
     refs = [load_reference(p) for p in paths]
     notes = check_controls(refs, controls, run_name, force, grid.offset)
+    notes += _check_loss_curve(refs, loss_curve, run_name, force)
     if controls.n_params is None and len({r.controls.n_params for r in refs}) > 1:
         notes.append(f"N of {run_name} unknown: its reference is the mean over the references' sizes")
     frac_G = curves.bin_centers(grid.n_bins)
     return reference_curve(refs, frac_G, controls.n_params), notes
+
+
+def _check_loss_curve(refs: list[Reference], loss_curve: str, run_name: str, force: bool) -> list[str]:
+    """Refuses references built from another loss curve than the run's (references from before curves were
+    recorded in their provenance were built from training curves); surrogate references are not checked."""
+    built = {r.source: r.provenance.get("loss_curve", "train") for r in refs if r.provenance.get("kind") == "curves"}
+    problems = [f"{source} was built from {curve} curves" for source, curve in built.items() if curve != loss_curve]
+    if problems and not force:
+        raise ConfigError(f"references do not match the {loss_curve} curve of {run_name}: {'; '.join(problems)}. "
+                          f"Build them from {loss_curve} curves (`celerity collapse reference --loss-curve "
+                          f"{loss_curve}`), or force it (--force; TrainConfig.force_reference when training)")
+    return [f"forced: {p}" for p in problems]
 
 
 def _sizes(paths: Sequence[str]) -> dict[str, float | None]:

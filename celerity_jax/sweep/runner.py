@@ -133,7 +133,8 @@ def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) 
     out = {"method": method if method in candidates else "nearest", "references": ref_paths,
            "nearest_reference": nearest, "notes": []}
     for name, paths in candidates.items():
-        reference_G, notes = reference.reference_on_grid(paths, grid, curve.controls, sr.target.name, spec.force)
+        reference_G, notes = reference.reference_on_grid(paths, grid, curve.controls, sr.target.name, spec.force,
+                                                         curve.loss)
         out["notes"] += [n for n in notes if n not in out["notes"]]
         out[name] = {str(f): predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
     return out

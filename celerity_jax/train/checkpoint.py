@@ -26,6 +26,7 @@ from jax import lax
 from jax.experimental import multihost_utils
 
 from celerity_jax.errors import ConfigError, RunStopped
+from celerity_jax.train import rundir
 
 ITEMS = ("state", "data", "integrity")
 _log = logging.getLogger(__name__)
@@ -239,7 +240,8 @@ class Checkpointer:
                 continue
             if checked:
                 record = restored["integrity"]
-                if isinstance(record, dict) and record.get("identity") != self.identity:
+                if isinstance(record, dict) and not (isinstance(record.get("identity"), dict)
+                                                     and rundir.same_run(record["identity"], self.identity)):
                     raise ConfigError(
                         f"the checkpoint at step {step} in {self.directory} was written by another run; move it "
                         "out of that folder, or start from it in a new workdir with TrainConfig.init_from")

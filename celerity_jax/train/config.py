@@ -83,3 +83,8 @@ class RunConfigs:
     data: DataConfig
     train: TrainConfig
     monitor: MonitorConfig
+
+    def __post_init__(self):
+        if self.monitor.loss_curve == "eval" and not (self.train.eval_points or self.train.eval_every):
+            raise ConfigError("MonitorConfig.loss_curve='eval' follows the eval loss, but the run never evaluates; "
+                              "set TrainConfig.eval_points (e.g. 50, with MonitorConfig.n_bins = 50)")

@@ -67,11 +67,15 @@ class StepLog:
         self._time, self._step = time.time(), start_step  # of the previous log step
         self._next_figure = FIGURE_POINTS * start_step // plan.steps + 1  # in 1/FIGURE_POINTS of t̂
 
-    def record(self, step: int, state, metrics: dict, pending: list, evaluate: bool = False,
+    def evaluate(self, state) -> float:
+        """The eval loss: the mean over the fixed held-out batches."""
+        return float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+
+    def record(self, step: int, state, metrics: dict, pending: list, eval_loss: float | None = None,
                last: bool = False) -> dict[str, float]:
         """Logs `step`, whose metrics are `metrics`; `pending` holds the losses of the steps since the previous
-        log step (the last one is `step`'s). With `evaluate`, the eval loss too; `last`: the run's last step.
-        Returns the logged values."""
+        log step (the last one is `step`'s). With `eval_loss` (from `evaluate`), that too; `last`: the run's
+        last step. Returns the logged values."""
         losses = np.asarray(jax.device_get(pending), np.float64)
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         ema_T, self._loss_ema_carry = curves.loss_ema(losses, self.loss_ema_decay, self._loss_ema_carry)
@@ -82,8 +86,8 @@ class StepLog:
             collapse = jax.device_get(monitor_lib.monitor_metrics(state.monitor, self.reference_G,
                                                                   self.monitor_cfg))
             values.update({k: float(v) for k, v in collapse.items()})
-        if evaluate:
-            values["eval/loss"] = float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+        if eval_loss is not None:
+            values["eval/loss"] = eval_loss
             if self.eval_curve is not None:
                 self.eval_curve.append([(step, step * self.plan.batch_tokens, step / self.plan.steps,
                                          values["eval/loss"])])

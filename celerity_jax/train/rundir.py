@@ -48,6 +48,36 @@ def run_identity(configs, plan) -> dict:
         "plan": plan.to_dict()}))
 
 
+def _field_defaults() -> dict:
+    """Each identity section's config-field defaults, JSON-normalized."""
+    from celerity_jax.collapse.config import MonitorConfig  # here, not at the top: collapse imports this module
+    from celerity_jax.data.config import DataConfig
+    from celerity_jax.model.config import ModelConfig
+    from celerity_jax.recipe import RecipeConfig
+
+    classes = {"model": ModelConfig, "recipe": RecipeConfig, "data": DataConfig, "monitor": MonitorConfig}
+    return json.loads(json.dumps({section: {f.name: f.default for f in dataclasses.fields(cls)
+                                            if f.default is not dataclasses.MISSING}
+                                  for section, cls in classes.items()}))
+
+
+def same_run(previous: dict, identity: dict) -> bool:
+    """Whether an identity read back (run.json, a checkpoint's) is `identity`'s run. A config field that the
+    older identity lacks (the field was added since) counts as equal when `identity` holds its default."""
+    return with_added_defaults(previous, identity) == identity
+
+
+def with_added_defaults(previous: dict, identity: dict) -> dict:
+    """`previous` with each config field it lacks that `identity` holds at the field's default filled in."""
+    out = json.loads(json.dumps(previous))
+    for section, defaults in _field_defaults().items():
+        old, new = out.get(section), identity.get(section)
+        if isinstance(old, dict) and isinstance(new, dict):
+            old.update({name: default for name, default in defaults.items()
+                        if name not in old and name in new and new[name] == default})
+    return out
+
+
 def run_json_path(workdir: str) -> str:
     return os.path.join(workdir, RUN_JSON)
 
@@ -65,9 +95,10 @@ def check_workdir(workdir: str, identity: dict, force_new: bool) -> bool:
                           "inside it and start over, or use another --workdir") from None
     if force_new:
         return True
-    if previous != identity:
+    if not same_run(previous, identity):
         raise ConfigError(
-            f"workdir {workdir} holds a different run ({'; '.join(diff(previous, identity)[:6])}); use another "
+            f"workdir {workdir} holds a different run "
+            f"({'; '.join(diff(with_added_defaults(previous, identity), identity)[:6])}); use another "
             "--workdir, or pass --force-new to archive the old run inside it and start over")
     return False
 

@@ -93,10 +93,12 @@ def _skip_keeping_counts(new_opt_state, old_opt_state, finite):
     return jax.tree_util.tree_map_with_path(pick, new_opt_state, old_opt_state)
 
 
-def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainState, grads, ce):
+def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainState, grads, ce,
+                    monitor_train_loss: bool = True):
     """The update from the mean gradient and cross-entropy of a step: (state, metrics).
 
-    A non-finite loss or gradient leaves params and optimizer moments untouched."""
+    A non-finite loss or gradient leaves params and optimizer moments untouched. `monitor_train_loss`: the
+    collapse monitor follows the training loss (else the eval loss, added by `monitor_eval_loss`)."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(ce) & jnp.isfinite(optax.tree.norm(grads))
@@ -106,7 +108,8 @@ def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainS
         step=step,
         params=keep(params, state.params),
         opt_state=_skip_keeping_counts(opt_state, state.opt_state, finite),
-        monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps),
+        monitor=monitor_lib.monitor_update(state.monitor, ce, step / plan.steps) if monitor_train_loss
+        else state.monitor,
         bad_steps=state.bad_steps + (~finite).astype(jnp.int32),
         first_bad_step=jnp.where((state.first_bad_step < 0) & ~finite, step, state.first_bad_step))
     metrics = {"train/loss": ce, "opt/grad_norm": optax.tree.norm(grads),
@@ -125,13 +128,14 @@ def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float, 
 
 
 def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTransformation, *,
-                    microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None) -> Callable:
+                    microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None,
+                    monitor_train_loss: bool = True) -> Callable:
     """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
     gradients = make_gradients(model_cfg, microbatches=microbatches, z_loss=z_loss)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
         grads, ce = gradients(state.params, batch)
-        return apply_gradients(plan, optimizer, state, grads, ce)
+        return apply_gradients(plan, optimizer, state, grads, ce, monitor_train_loss)
 
     return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None))
@@ -172,9 +176,20 @@ def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches:
     state_sh = state_shardings(abstract, mesh, optimizer)
     batch_sh = sharding.batch_sharding(mesh)
     train_step = make_train_step(model_cfg, plan, optimizer, microbatches=microbatches, z_loss=z_loss,
-                                 state_shardings=state_sh, batch_sharding=batch_sh)
+                                 state_shardings=state_sh, batch_sharding=batch_sh,
+                                 monitor_train_loss=monitor_cfg.loss_curve == "train")
     return StepBuild(mesh=mesh, optimizer=optimizer, abstract_state=abstract, state_shardings=state_sh,
                      batch_sharding=batch_sh, train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
+
+
+_jitted_monitor_update = jax.jit(monitor_lib.monitor_update)
+
+
+def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> TrainState:
+    """The state with one eval's loss at t̂ = `frac` added to the collapse monitor's curve
+    (MonitorConfig.loss_curve = "eval"); only the monitor's small arrays are touched."""
+    return dataclasses.replace(state, monitor=_jitted_monitor_update(state.monitor, jnp.float32(eval_loss),
+                                                                     jnp.float32(frac)))
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:

@@ -62,13 +62,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", default="d48,d64,d80", help="experiments/tiny/<size>.gin names")
     p.add_argument("--taus", default="0.1,0.3,1.0")
     p.add_argument("--tpps", default="2,4,8")
-    p.add_argument("--bins", type=int, default=100, help="t̂ bins of the normalized curves")
-    p.add_argument("--smooth-bins", type=int, default=5, help="moving-average width in bins")
+    p.add_argument("--loss-curve", choices=("eval", "train"), default="eval",
+                   help="fit the held-out eval curve (eval.csv) or the training-loss curve of each run")
+    p.add_argument("--bins", type=int, default=None,
+                   help="t̂ bins of the normalized curves (default: 50 for eval curves, one per eval; 100 for train)")
+    p.add_argument("--smooth-bins", type=int, default=None,
+                   help="moving-average width in bins (default: 1 for eval curves, 5 for train)")
     p.add_argument("--write-default", action="store_true",
                    help="also write the fit as the package's default surrogate")
     p.add_argument("--force-new", action="store_true",
                    help="archive run directories whose config changed (else such a run stops the script)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    default_bins, default_smooth = (50, 1) if args.loss_curve == "eval" else (100, 5)
+    args.bins = args.bins or default_bins
+    args.smooth_bins = args.smooth_bins or default_smooth
+    return args
 
 
 def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, float | None]:
@@ -181,8 +189,8 @@ def write_markdown(path: str, result: dict) -> None:
         f"{prov['created']}; {prov['machine']}; commit {prov['commit']}.",
         f"Grid: sizes {', '.join(result['grid']['sizes'])} × τ {result['grid']['taus']} × TPP "
         f"{result['grid']['tpps']} ({len(result['runs'])} runs, one seed each, "
-        f"{sum(r['train_s'] or 0 for r in result['runs']) / 60:.1f} min of training recorded); curves on "
-        f"{result['bins']} bins smoothed over {result['smooth_bins']}; MAE over t̂ in [0.2, 1].", "",
+        f"{sum(r['train_s'] or 0 for r in result['runs']) / 60:.1f} min of training recorded); "
+        f"{result['loss_curve']}-loss curves on {result['bins']} bins smoothed over {result['smooth_bins']}; MAE over t̂ in [0.2, 1].", "",
         f"Fitted on all runs: **b = {k['b_c']:.4g}·τ^{k['b_e']:.3f}, q = {k['q_c']:.4g}·TPP^{k['q_e']:.3f}** "
         f"(ε1 = 0.001, ε2 = 0.1, m = 0.05 fixed).", "",
         "## MAE per size", ""]
@@ -269,7 +277,7 @@ def main(argv=None) -> int:
     runs = [GridRun(size, tau, tpp) for size in sizes for tau in floats(args.taus) for tpp in floats(args.tpps)]
     seconds = train_grid(runs, args.workdir, args.force_new)
 
-    loaded = [files.load_curve(os.path.join(args.workdir, r.name)) for r in runs]
+    loaded = [files.load_curve(os.path.join(args.workdir, r.name), loss=args.loss_curve) for r in runs]
     inputs = surrogate.surrogate_inputs(loaded, args.bins, args.smooth_bins)
     evaluation = evaluate(runs, inputs)
     fit = evaluation["fit"]
@@ -294,7 +302,8 @@ def main(argv=None) -> int:
     result = {
         "format": "celerity-surrogate-experiment/1",
         "grid": {"sizes": sizes, "taus": floats(args.taus), "tpps": floats(args.tpps)},
-        "bins": args.bins, "smooth_bins": args.smooth_bins, "fit_range": list(FIT_RANGE),
+        "loss_curve": args.loss_curve, "bins": args.bins, "smooth_bins": args.smooth_bins,
+        "fit_range": list(FIT_RANGE),
         "constants": dataclasses.asdict(fit.constants), "mae": fit.mae,
         "per_size": summarize(rows, sizes), "held_out_size_constants": evaluation["held_out_size_constants"],
         "runs": rows, "provenance": provenance}

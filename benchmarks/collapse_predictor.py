@@ -6,7 +6,9 @@ cut at several fractions of training, aligned over t̂ in [f/2, f], and its pred
 compared with its real (smoothed) final loss: once against the nearest smaller size alone, once against
 the family-aware curve extrapolated to its N. With `--leave-one-out` every size is a target in turn and
 the references are all the other sizes (the nearest in log N alone, or the family-aware curve at its N).
-`--synthetic` writes a drifting surrogate family first.
+`--synthetic` writes a drifting surrogate family first. Variants tried against the goal: `--window-start a`
+aligns over [a·f, f] instead; `--shrunk` also scores the family-aware curve with each t̂'s slope in log N
+shrunk toward 0 by its signal-to-noise, w = s²/(s² + se²) (needs 3 or more reference sizes).
 
     python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
     python benchmarks/collapse_predictor.py runs/predictor/tpp5/*/* --leave-one-out
@@ -45,8 +47,22 @@ def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) ->
     return paths
 
 
+def shrunk_family_curve(refs: list, frac_G: np.ndarray, n_target: float) -> np.ndarray:
+    """curves.family_curve with the slope of log l in log N at each t̂ multiplied by s²/(s² + se²), its
+    estimate's signal-to-noise weight (se from the fit's residuals; no shrinkage information with 2 sizes)."""
+    log_l_KxG = np.log(np.stack([np.interp(frac_G, r.frac_G, r.normalized_G) for r in refs]))
+    x_K = np.log([r.controls.n_params for r in refs])
+    dx_K, mean_G = x_K - x_K.mean(), log_l_KxG.mean(axis=0)
+    slope_G = dx_K @ (log_l_KxG - mean_G) / (dx_K @ dx_K)
+    residual_KxG = log_l_KxG - mean_G - np.outer(dx_K, slope_G)
+    se2_G = (residual_KxG**2).sum(axis=0) / max(len(refs) - 2, 1) / (dx_K @ dx_K)
+    weight_G = np.where(slope_G**2 + se2_G > 0, slope_G**2 / np.maximum(slope_G**2 + se2_G, 1e-30), 1.0)
+    return np.exp(mean_G + weight_G * slope_G * (math.log(n_target) - x_K.mean()))
+
+
 def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int, force: bool,
-             leave_one_out: bool = False, loss: str = "train") -> dict:
+             leave_one_out: bool = False, loss: str = "train", window_start: float = 0.5,
+             shrunk: bool = False) -> dict:
     runs = [files.load_curve(p, loss=loss) for p in paths]
     by_size: dict[float, list[files.Curve]] = {}
     for run in runs:
@@ -70,6 +86,8 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
         nearest = min(others, key=lambda r: abs(math.log(r.controls.n_params / target)))
         candidates = {"single": reference.reference_curve([nearest], frac_G),
                       "family": reference.reference_curve(others, frac_G, target)}
+        if shrunk and len(others) > 2:
+            candidates["family_shrunk"] = shrunk_family_curve(others, frac_G, target)
         for run in by_size[target]:
             sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
             true_final = float(curves.smooth(sum_G, count_G, smooth_bins)[0][-1])
@@ -77,17 +95,18 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
                 partial = curves.bin_curve(run.frac_T[run.frac_T <= f], run.loss_T[run.frac_T <= f], n_bins)
                 row = {"curve": run.source, "n_params": target, "references": len(others), "frac": f}
                 for name, ref_G in candidates.items():
-                    pred = float(curves.early_align(*partial, ref_G, (f / 2, f)).final)
+                    pred = float(curves.early_align(*partial, ref_G, (window_start * f, f)).final)
                     row[f"{name}_error"] = pred / true_final - 1.0
                 rows.append(row)
     if not rows:
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")
+    names = [n for n in ("single", "family", "family_shrunk") if all(f"{n}_error" in r for r in rows)]
     summary = {f: {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows if r["frac"] == f]))
-                   for name in ("single", "family")} for f in fracs}
+                   for name in names} for f in fracs}
     for errors in summary.values():
-        errors["family_over_single"] = errors["family"] / errors["single"]
+        errors.update({f"{name}_over_single": errors[name] / errors["single"] for name in names[1:]})
     return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins,
-            "leave_one_out": leave_one_out, "loss_curve": loss}
+            "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start}
 
 
 def main() -> int:
@@ -100,6 +119,8 @@ def main() -> int:
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--leave-one-out", action="store_true", help="every size a target, the others references")
     parser.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="train")
+    parser.add_argument("--window-start", type=float, default=0.5, help="align over [a·f, f] (default a = 0.5)")
+    parser.add_argument("--shrunk", action="store_true", help="also score the shrunk family-aware curve")
     parser.add_argument("--out", default="bench_out/collapse_predictor.json")
     args = parser.parse_args()
     fracs = [float(f) for f in args.fracs.split(",")]
@@ -107,14 +128,17 @@ def main() -> int:
         paths = write_synthetic_family(tmp) if args.synthetic else args.curves
         if not paths:
             parser.error("give CURVEs or --synthetic")
-        result = evaluate(paths, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out, args.loss_curve)
+        result = evaluate(paths, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out, args.loss_curve,
+                          args.window_start, args.shrunk)
     result["source"] = "synthetic drifting family" if args.synthetic else args.curves
     print(f"{len(result['sizes'])} sizes, {len(result['rows']) // len(fracs)} target runs; "
-          "mean |predicted / real final loss - 1|, aligned over t̂ in [f/2, f]")
-    print(f"{'seen f':>7s} {'single ref':>11s} {'family':>9s} {'family/single':>14s}")
+          f"mean |predicted / real final loss - 1|, aligned over t̂ in [{args.window_start:g}·f, f]")
+    names = [n for n in next(iter(result["mean_abs_error"].values())) if not n.endswith("_over_single")]
+    print(f"{'seen f':>7s} " + " ".join(f"{n:>14s}" for n in names) + " "
+          + " ".join(f"{n + '/single':>21s}" for n in names[1:]))
     for f, errors in result["mean_abs_error"].items():
-        print(f"{f:7.2f} {100 * errors['single']:10.3f}% {100 * errors['family']:8.3f}% "
-              f"{errors['family_over_single']:13.2f}x")
+        print(f"{f:7.2f} " + " ".join(f"{100 * errors[n]:13.3f}%" for n in names) + " "
+              + " ".join(f"{errors[n + '_over_single']:20.2f}x" for n in names[1:]))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, result)
     print(f"wrote {args.out}")

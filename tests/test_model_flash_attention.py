@@ -96,8 +96,12 @@ def test_block_sizes_that_do_not_divide_the_length_are_refused(kernel):
         KERNELS[kernel](q, k, v, scale=0.3, block_q=64, interpret=True)
 
 
-def test_the_gpu_kernel_pads_a_head_dim_triton_cannot_tile_and_picks_blocks_dividing_the_length():
-    q, k, v, weights = _inputs(96, 2, 24, jnp.float32)  # blocks of 32 (96 = 3 × 32), head_dim padded to 32
+@pytest.mark.parametrize("seq_len, head_dim", [
+    (96, 24),  # blocks of 32 (96 = 3 × 32), head_dim padded to 32
+    (40, 16),  # 40 padded to 48 positions, blocks of 16
+])
+def test_the_gpu_kernel_pads_what_triton_cannot_tile_and_picks_blocks_dividing_the_length(seq_len, head_dim):
+    q, k, v, weights = _inputs(seq_len, 2, head_dim, jnp.float32)
     slopes = positions.alibi_slopes(2)
     out, grads = _value_and_grads(lambda q, k, v: flash_attention_gpu.flash_attention_gpu(
         q, k, v, scale=0.3, alibi_slopes_H=slopes, interpret=True), q, k, v, weights)

@@ -98,6 +98,7 @@ def _d64_with_the_same_steps(tiny_configs) -> tuple[str, ...]:
     (("RecipeConfig.tpp = 0.6",), "steps"),
     ("d64 with the same steps", "shapes"),
     (("MonitorConfig.n_bins = 40",), "n_bins"),
+    (("MonitorConfig.loss_curve = 'eval'",), "loss_curve"),
     (("TrainConfig.seed = 3",), "data position"),
 ])
 def test_an_incompatible_source_is_refused_before_anything_is_written(source, tmp_path, params, match, tiny_configs):

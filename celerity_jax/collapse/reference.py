@@ -84,8 +84,8 @@ def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, cont
 
     `cfg` is a CurveGrid, or a MonitorConfig (its grid). Refuses references whose TPP, τ, schedule or offset
     differ from `controls`, or that were built from another loss curve than the run's (`loss_curve`, "train" or
-    "eval"; by default the MonitorConfig's, else "train"), unless `force`; with several sizes (and controls.n_params known) the
-    curve is the family-aware one at the run's N.
+    "eval"; by default the MonitorConfig's, else "train"), unless `force`; with several sizes (and
+    controls.n_params known) the curve is the family-aware one at the run's N.
     """
     grid = cfg.grid if isinstance(cfg, MonitorConfig) else cfg
     loss_curve = loss_curve or (cfg.loss_curve if isinstance(cfg, MonitorConfig) else "train")

@@ -7,8 +7,9 @@ reads them from the whole sequence of its head. Causal skipping is in the loop b
 the key blocks up to the diagonal, a key block the query blocks from the diagonal on. The inputs stay in their
 [B, L, H, K] layout (Triton takes any strides).
 
-Triton needs power-of-two block shapes: a head_dim that is not one (or under 16) is padded with zero features,
-and the block sizes are powers of two dividing L. Not yet run on a GPU: its numerics are tested in the Pallas interpreter only.
+Triton needs power-of-two block shapes of at least 16: a head_dim that is not one (or under 16) is padded with
+zero features, a length that 16 does not divide is padded with zero positions at the end (keys after every real
+query, so the causal mask hides them), and the block sizes are powers of two dividing L.
 """
 
 import functools
@@ -22,18 +23,27 @@ from jax.experimental.pallas import triton as pltriton
 from celerity_jax.model.flash_common import MASKED, KernelConfig, block_size, checked_slopes, out_like
 
 
+MIN_BLOCK = 16  # the smallest tile Triton's dot takes
+
+
 def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,
                         block_q: int | None = None, block_k: int | None = None, interpret: bool = False):
     """softmax(scale·q·kᵀ + bias, causal)·v per head; out_BxLxHxK in v's dtype.
 
     alibi_slopes_H: per-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
     block_q, block_k: query and key rows per block, powers of two, clamped to L; they must divide L. Default:
-    the largest power of two up to 64 that divides L.
+    the largest power of two up to 64 that divides L (padded to a multiple of 16 first).
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
     slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
-    padded_dim = max(16, _next_power_of_two(head_dim))
+    padded_len = -(-seq_len // MIN_BLOCK) * MIN_BLOCK
+    if padded_len != seq_len and block_q is None and block_k is None:
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, padded_len - seq_len), (0, 0), (0, 0)))  # noqa: E731
+        out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxHxK), pad(v_BxLxHxK), scale=scale,
+                                  alibi_slopes_H=alibi_slopes_H, interpret=interpret)
+        return out[:, :seq_len]
+    padded_dim = max(MIN_BLOCK, _next_power_of_two(head_dim))
     if padded_dim != head_dim:  # zero features change no score and add output columns that are cut off
         pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, padded_dim - head_dim)))  # noqa: E731
         out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxHxK), pad(v_BxLxHxK), scale=scale,

@@ -82,10 +82,12 @@ def check_compatible(source: Source, identity: dict, model: ModelConfig) -> None
         raise ConfigError(f"{where}: the source's plan has {source_steps} steps and this run's {steps}; the LR "
                           "schedule and t̂ = step/T would jump at the restart. Keep the token budget and batch "
                           "(RecipeConfig.tpp, batch_seqs, seq_len) of the source")
-    bins, source_bins = identity["monitor"]["n_bins"], source.identity["monitor"]["n_bins"]
-    if bins != source_bins:
-        raise ConfigError(f"{where}: MonitorConfig.n_bins is {bins} here and {source_bins} in the source, whose "
-                          "binned curve carries over; use the source's n_bins")
+    source_monitor = rundir.with_added_defaults(source.identity, identity)["monitor"]
+    for name in ("n_bins", "loss_curve"):  # the monitor's binned curve carries over
+        if identity["monitor"][name] != source_monitor.get(name):
+            raise ConfigError(f"{where}: MonitorConfig.{name} is {identity['monitor'][name]!r} here and "
+                              f"{source_monitor.get(name)!r} in the source, whose binned curve carries over; use "
+                              f"the source's {name}")
     try:
         source_model = ModelConfig(**source.identity["model"])
     except (TypeError, ConfigError) as e:

@@ -13,6 +13,7 @@ import numpy as np
 
 from celerity_jax.accelerators import peak_flops_per_device
 from celerity_jax.collapse import curves, image, monitor as monitor_lib
+from celerity_jax.train import step as step_lib
 from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
 
 # Console name -> metric, shown when finite.
@@ -67,9 +68,15 @@ class StepLog:
         self._time, self._step = time.time(), start_step  # of the previous log step
         self._next_figure = FIGURE_POINTS * start_step // plan.steps + 1  # in 1/FIGURE_POINTS of t̂
 
-    def evaluate(self, state) -> float:
-        """The eval loss: the mean over the fixed held-out batches."""
-        return float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+    def evaluate(self, step: int, state) -> tuple:
+        """(state, eval loss at `step`): the mean loss over the fixed held-out batches. With MonitorConfig.loss_curve
+        'eval' the returned state's monitor holds it too. Its time is left out of the next perf/* metrics."""
+        start = time.time()
+        loss = float(np.mean([float(self.eval_step(state.params, b)) for b in self.eval_batches]))
+        if self.monitor_cfg.loss_curve == "eval":
+            state = step_lib.monitor_eval_loss(state, loss, step / self.plan.steps)
+        self._time += time.time() - start
+        return state, loss
 
     def record(self, step: int, state, metrics: dict, pending: list, eval_loss: float | None = None,
                last: bool = False) -> dict[str, float]:

@@ -12,7 +12,6 @@ import jax
 
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 from celerity_jax.train import interrupts, logfile, setup
-from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import RunConfigs
 from celerity_jax.train.log_step import StepLog, peak_flops
 from celerity_jax.train.writers import Progress
@@ -99,9 +98,7 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
             if not (is_log or is_eval or is_checkpoint):
                 continue
             _raise_if_diverged(t, state, bad_at_start, step)
-            eval_loss = step_log.evaluate(state) if is_eval else None
-            if eval_loss is not None and t.monitor_cfg.loss_curve == "eval":
-                state = step_lib.monitor_eval_loss(state, eval_loss, step / plan.steps)
+            state, eval_loss = step_log.evaluate(step, state) if is_eval else (state, None)
             values = step_log.record(step, state, metrics, pending, eval_loss=eval_loss, last=step == last_step)
             pending = []
             if values.get("collapse/alert", 0.0) > 0:

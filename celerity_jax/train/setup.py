@@ -165,7 +165,7 @@ def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Sourc
     if source is None:
         return state, 0, None, None
     state = init_from.restore_state(source, state)
-    differences = rundir.diff(source.identity, identity)
+    differences = rundir.diff(rundir.with_added_defaults(source.identity, identity), identity)
     if is_chief:
         init_from.start_run_dir(source, workdir, differences, plan.steps)
     description = init_from.describe(source, differences, plan.steps)

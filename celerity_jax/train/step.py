@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from celerity_jax import optim, sharding
@@ -188,8 +189,8 @@ _jitted_monitor_update = jax.jit(monitor_lib.monitor_update)
 def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> TrainState:
     """The state with one eval's loss at t̂ = `frac` added to the collapse monitor's curve
     (MonitorConfig.loss_curve = "eval"); only the monitor's small arrays are touched."""
-    return dataclasses.replace(state, monitor=_jitted_monitor_update(state.monitor, jnp.float32(eval_loss),
-                                                                     jnp.float32(frac)))
+    return dataclasses.replace(state, monitor=_jitted_monitor_update(state.monitor, np.float32(eval_loss),
+                                                                     np.float32(frac)))
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:

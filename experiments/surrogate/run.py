@@ -27,6 +27,8 @@ import sys
 
 import numpy as np
 
+from celerity_jax.train.rundir import LOSS_CSV
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 FIT_RANGE = (0.2, 1.0)
@@ -58,11 +60,12 @@ def floats(text: str) -> list[float]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workdir", default=os.path.join(REPO, "runs", "surrogate"), help="run directories")
-    p.add_argument("--out", default=os.path.join(HERE, "results"), help="results.md, results.json, fit.png")
+    p.add_argument("--out", default=None,
+                   help="results.md, results.json, fit.png (default: results/, or results/train/ for train curves)")
     p.add_argument("--sizes", default="d48,d64,d80", help="experiments/tiny/<size>.gin names")
     p.add_argument("--taus", default="0.1,0.3,1.0")
     p.add_argument("--tpps", default="2,4,8")
-    p.add_argument("--loss-curve", choices=("eval", "train"), default="eval",
+    p.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="eval",
                    help="fit the held-out eval curve (eval.csv) or the training-loss curve of each run")
     p.add_argument("--bins", type=int, default=None,
                    help="t̂ bins of the normalized curves (default: 50 for eval curves, one per eval; 100 for train)")
@@ -73,10 +76,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--force-new", action="store_true",
                    help="archive run directories whose config changed (else such a run stops the script)")
     args = p.parse_args(argv)
+    if args.write_default and args.loss_curve != "train":
+        p.error("--write-default needs --loss-curve train: the default surrogate serves references of training "
+                "curves")
     default_bins, default_smooth = (50, 1) if args.loss_curve == "eval" else (100, 5)
     args.bins = args.bins or default_bins
     args.smooth_bins = args.smooth_bins or default_smooth
+    args.out = args.out or os.path.join(HERE, "results", *(["train"] if args.loss_curve == "train" else []))
     return args
+
+
+def grid_runs(args: argparse.Namespace) -> list[GridRun]:
+    return [GridRun(size, tau, tpp) for size in args.sizes.split(",") if size
+            for tau in floats(args.taus) for tpp in floats(args.tpps)]
 
 
 def train_grid(runs: list[GridRun], workdir: str, force_new: bool) -> dict[str, float | None]:
@@ -190,7 +202,8 @@ def write_markdown(path: str, result: dict) -> None:
         f"Grid: sizes {', '.join(result['grid']['sizes'])} × τ {result['grid']['taus']} × TPP "
         f"{result['grid']['tpps']} ({len(result['runs'])} runs, one seed each, "
         f"{sum(r['train_s'] or 0 for r in result['runs']) / 60:.1f} min of training recorded); "
-        f"{result['loss_curve']}-loss curves on {result['bins']} bins smoothed over {result['smooth_bins']}; MAE over t̂ in [0.2, 1].", "",
+        f"{result['loss_curve']}-loss curves on {result['bins']} bins smoothed over {result['smooth_bins']}; "
+        "MAE over t̂ in [0.2, 1].", "",
         f"Fitted on all runs: **b = {k['b_c']:.4g}·τ^{k['b_e']:.3f}, q = {k['q_c']:.4g}·TPP^{k['q_e']:.3f}** "
         f"(ε1 = 0.001, ε2 = 0.1, m = 0.05 fixed).", "",
         "## MAE per size", ""]
@@ -274,7 +287,7 @@ def main(argv=None) -> int:
     from celerity_jax.fileio import write_json_atomic
 
     sizes = [s for s in args.sizes.split(",") if s]
-    runs = [GridRun(size, tau, tpp) for size in sizes for tau in floats(args.taus) for tpp in floats(args.tpps)]
+    runs = grid_runs(args)
     seconds = train_grid(runs, args.workdir, args.force_new)
 
     loaded = [files.load_curve(os.path.join(args.workdir, r.name), loss=args.loss_curve) for r in runs]
@@ -293,7 +306,7 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     provenance = {
-        "kind": "fit", "experiment": "experiments/surrogate/run.py",
+        "kind": "fit", "experiment": "experiments/surrogate/run.py", "loss_curve": args.loss_curve,
         "command": "python experiments/surrogate/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "commit": git_commit(),
@@ -321,7 +334,7 @@ def main(argv=None) -> int:
               f"{100 * m['mae_fit_smallest']:.2f}%, oracle {100 * m['mae_oracle']:.2f}%")
     print(f"wrote {args.out}/results.md, results.json, fit.png")
     if args.write_default:
-        default_provenance = dict(provenance, results="experiments/surrogate/results/results.md",
+        default_provenance = dict(provenance, results=os.path.relpath(os.path.join(args.out, "results.md"), REPO),
                                   mae_per_size={s: result["per_size"][s] for s in sizes + ["all"]},
                                   grid=result["grid"])
         info = [{"curve": os.path.relpath(os.path.join(args.workdir, r["name"]), REPO), "size": r["size"], "n_params": r["n_params"],

@@ -39,6 +39,7 @@ class GridRun:
     size: str
     tau: float
     tpp: float
+    seed: int = 0
 
     @property
     def name(self) -> str:
@@ -50,7 +51,8 @@ class GridRun:
 
     def gin(self) -> tuple[list[str], list[str]]:
         files = [os.path.join(REPO, "experiments", "tiny", f"{self.size}.gin"), os.path.join(HERE, "grid.gin")]
-        return files, [f"RecipeConfig.tpp = {self.tpp!r}", f"RecipeConfig.tau = {self.tau!r}"]
+        return files, [f"RecipeConfig.tpp = {self.tpp!r}", f"RecipeConfig.tau = {self.tau!r}",
+                       f"TrainConfig.seed = {self.seed}"]
 
 
 def floats(text: str) -> list[float]:
@@ -63,6 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None,
                    help="results.md, results.json, fit.png (default: results/, or results/train/ for train curves)")
     p.add_argument("--sizes", default="d48,d64,d80", help="experiments/tiny/<size>.gin names")
+    p.add_argument("--seed", type=int, default=0, help="TrainConfig.seed of every run (seed_floor.py: a second seed)")
     p.add_argument("--taus", default="0.1,0.3,1.0")
     p.add_argument("--tpps", default="2,4,8")
     p.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="eval",
@@ -87,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def grid_runs(args: argparse.Namespace) -> list[GridRun]:
-    return [GridRun(size, tau, tpp) for size in args.sizes.split(",") if size
+    return [GridRun(size, tau, tpp, args.seed) for size in args.sizes.split(",") if size
             for tau in floats(args.taus) for tpp in floats(args.tpps)]
 
 

@@ -289,6 +289,10 @@ def test_in_loop_monitor_can_follow_the_eval_curve(tmp_path, tiny_configs):
                                     run.controls)
 
 
-def test_a_monitor_on_the_eval_curve_needs_evals(tiny_configs):
-    with pytest.raises(ConfigError, match="never evaluates"):
-        tiny_configs("TrainConfig.eval_every = 0", "MonitorConfig.loss_curve = 'eval'")
+@pytest.mark.parametrize("bindings, match", [
+    (("TrainConfig.eval_every = 0",), "never evaluates"),
+    (("TrainConfig.eval_every = 0", "TrainConfig.eval_points = 20"), "n_bins=50 exceeds"),
+])
+def test_a_monitor_on_the_eval_curve_needs_an_eval_in_every_bin(tiny_configs, bindings, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_configs(*bindings, "MonitorConfig.loss_curve = 'eval'")

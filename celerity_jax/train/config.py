@@ -85,6 +85,13 @@ class RunConfigs:
     monitor: MonitorConfig
 
     def __post_init__(self):
-        if self.monitor.loss_curve == "eval" and not (self.train.eval_points or self.train.eval_every):
+        if self.monitor.loss_curve != "eval":
+            return
+        train, bins = self.train, self.monitor.n_bins
+        if not (train.eval_points or train.eval_every):
             raise ConfigError("MonitorConfig.loss_curve='eval' follows the eval loss, but the run never evaluates; "
                               "set TrainConfig.eval_points (e.g. 50, with MonitorConfig.n_bins = 50)")
+        if not train.eval_every and bins > train.eval_points:
+            raise ConfigError(f"MonitorConfig.n_bins={bins} exceeds TrainConfig.eval_points={train.eval_points}: "
+                              "with loss_curve='eval' most bins would hold no eval and the monitor would stay "
+                              f"silent; set n_bins to at most {train.eval_points} (and smooth_bins = 1)")

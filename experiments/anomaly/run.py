@@ -14,6 +14,11 @@ give their onset t̂ (first alert) on the faulted runs, and their false alarms o
 (leave-one-seed-out references; a second, paper-style reference from the other sizes is reported too).
 
     .venv/bin/python experiments/anomaly/run.py [--workdir runs/anomaly] [--out experiments/anomaly]
+        [--loss-curve eval]
+
+`--loss-curve eval` runs it all again with the monitor on the eval curve (anomaly/eval.gin; references built
+from eval curves; the raw z-score still reads the training loss), into runs/anomaly_eval and
+experiments/anomaly/eval by default.
 
 Reads the tiny/demo gin files as they are now, so a retuned family is rerun with the same command.
 Rerunning skips finished runs and resumes unfinished ones (a run directory of another config, after the
@@ -37,6 +42,7 @@ from celerity_jax import gin_config, markdown, recipe, run  # noqa: E402
 from celerity_jax.collapse import detectors, files, monitor, reference  # noqa: E402
 from celerity_jax.fileio import write_json_atomic, write_text_atomic  # noqa: E402
 from celerity_jax.train.config import RunConfigs  # noqa: E402
+from celerity_jax.train.rundir import LOSS_CSV  # noqa: E402
 
 SIZES = ("d48", "d64", "d80")
 SEEDS = (0, 1, 2, 3, 4)
@@ -46,14 +52,15 @@ WD_FACTORS = (10.0, 3.0)
 ZSCORE = detectors.ZScoreConfig()
 
 
-def gin_files(size: str) -> list[str]:
+def gin_files(size: str, loss_curve: str) -> list[str]:
     exp = os.path.join(ROOT, "experiments")
     return [os.path.join(exp, "tiny", f"{size}.gin"), os.path.join(exp, "demo", "tau.gin"),
-            os.path.join(exp, "demo", "quick.gin"), os.path.join(exp, "anomaly", "anomaly.gin")]
+            os.path.join(exp, "demo", "quick.gin"), os.path.join(exp, "anomaly", "anomaly.gin"),
+            *([os.path.join(exp, "anomaly", "eval.gin")] if loss_curve == "eval" else [])]
 
 
-def parse(size: str, params=()) -> RunConfigs:
-    return gin_config.parse_gin(gin_files(size), list(params))
+def parse(size: str, loss_curve: str) -> RunConfigs:
+    return gin_config.parse_gin(gin_files(size, loss_curve), [])
 
 
 def clean_dir(workdir: str, size: str, seed: int) -> str:
@@ -68,16 +75,17 @@ def fault_dir(workdir: str, fault_size: str, factor: float) -> str:
     return os.path.join(workdir, "fault", f"{fault_size}_seed{FAULT_SEED}_{fault_name(factor)}")
 
 
-def train(runs: dict, size: str, params: list[str], run_dir: str, workdir: str, until: int | None = None) -> None:
+def train(runs: dict, size: str, loss_curve: str, params: list[str], run_dir: str, workdir: str,
+          until: int | None = None) -> None:
     """Trains (or resumes) a run up to step `until` (default: its end) unless it is there already; keeps
     the run in `runs` by its name (its directory relative to `workdir`)."""
     name = os.path.relpath(run_dir, workdir)
-    runs[name] = run.load(run.RunSpec(run_dir, tuple(gin_files(size)), tuple(params), name=name))
+    runs[name] = run.load(run.RunSpec(run_dir, tuple(gin_files(size, loss_curve)), tuple(params), name=name))
     runs[name].train_to(until)
 
 
 def build_reference(run_dirs: list[str], path: str, monitor_cfg) -> str:
-    curves = [files.load_curve(d) for d in run_dirs]
+    curves = [files.load_curve(d, loss=monitor_cfg.loss_curve) for d in run_dirs]
     ref = reference.reference_from_curves(curves, monitor_cfg.n_bins, monitor_cfg.smooth_bins)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     files.save_reference(ref, path)
@@ -103,11 +111,13 @@ def first_frac(flags, frac) -> float | None:
 
 
 def analyse(run_dir: str, ref_paths: list[str], monitor_cfg, log_every: int, force: bool) -> dict:
-    """Collapse alert (replayed on curve.csv) and raw z-score detector of one run."""
-    curve = files.load_curve(run_dir)
+    """Collapse alert (replayed on the monitor's curve: curve.csv, or eval.csv with one log per eval) and raw
+    z-score detector (on the training loss) of one run."""
+    followed, curve = files.load_curve(run_dir, loss=monitor_cfg.loss_curve), files.load_curve(run_dir)
     ref_G, notes = reference.reference_on_grid(ref_paths, monitor_cfg, curve.controls, run_dir, force=force)
+    log_every = log_every if monitor_cfg.loss_curve == "train" else 1
     logs = {k: np.asarray(v) for k, v in
-            monitor.replay_monitor(curve.frac_T, curve.loss_T, ref_G, monitor_cfg, log_every).items()}
+            monitor.replay_monitor(followed.frac_T, followed.loss_T, ref_G, monitor_cfg, log_every).items()}
     alert_L = logs["collapse/alert"] > 0
     ratio_L = np.abs(logs["collapse/residual"]) / logs["collapse/residual_sigma"]
     raw = {k: np.asarray(v) for k, v in detectors.zscore_detector(curve.loss_T, ZSCORE).items()}
@@ -196,7 +206,7 @@ def write_results(out: str, summary: dict, faults: dict, clean_rows: list[dict])
     c = summary["config"]
     lines = [
         "# Anomaly detection: collapse alert vs raw-loss z-score", "",
-        f"Written {summary['date']} on {summary['machine']}; `python experiments/anomaly/run.py` "
+        f"Written {summary['date']} on {summary['machine']}; `{summary['command']}` "
         f"({summary['train_seconds']:.0f} s of training).", "",
         f"Family: tiny {', '.join(c['sizes'])} (tau recipe, quick budget: "
         f"{', '.join(f'{s} {n} steps' for s, n in c['steps'].items())}), seeds "
@@ -242,16 +252,21 @@ def public(r: dict) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "anomaly"))
-    parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "anomaly"))
+    parser.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="train",
+                        help="the curve the collapse monitor follows (eval: experiments/anomaly/eval.gin)")
+    parser.add_argument("--workdir", default=None, help="default runs/anomaly (runs/anomaly_eval for eval)")
+    parser.add_argument("--out", default=None, help="default experiments/anomaly (its eval/ folder for eval)")
     parser.add_argument("--sizes", default=",".join(SIZES), help="for quick checks: fewer sizes (comma-separated)")
     parser.add_argument("--fault-size", default=FAULT_SIZE)
     args = parser.parse_args(argv)
+    eval_curve, loss_curve = args.loss_curve == "eval", args.loss_curve
+    args.workdir = args.workdir or os.path.join(ROOT, "runs", "anomaly_eval" if eval_curve else "anomaly")
+    args.out = args.out or os.path.join(ROOT, "experiments", "anomaly", *(["eval"] if eval_curve else []))
     workdir, sizes, fault_size = os.path.abspath(args.workdir), tuple(args.sizes.split(",")), args.fault_size
     if fault_size not in sizes:
         parser.error(f"--fault-size {fault_size} is not among --sizes {args.sizes}")
 
-    base = {s: parse(s) for s in sizes}
+    base = {s: parse(s, loss_curve) for s in sizes}
     plans = {s: recipe.make_plan(c.model, c.recipe) for s, c in base.items()}
     monitor_cfg, log_every = base[fault_size].monitor, base[fault_size].train.log_every
     total = plans[fault_size].steps
@@ -261,19 +276,21 @@ def main(argv=None) -> int:
     for seed in SEEDS:
         for size in sizes:
             until = inject_step if (size, seed) == (fault_size, FAULT_SEED) else None
-            train(runs, size, [f"TrainConfig.seed = {seed}"], clean_dir(workdir, size, seed), workdir, until)
+            train(runs, size, loss_curve, [f"TrainConfig.seed = {seed}"], clean_dir(workdir, size, seed), workdir,
+                  until)
     fault_ref = seed_reference(workdir, fault_size, FAULT_SEED, monitor_cfg)
     source = os.path.join(clean_dir(workdir, fault_size, FAULT_SEED), "checkpoints", str(inject_step))
     fault_params = {}
     for factor in WD_FACTORS:
         wd = factor * plans[fault_size].weight_decay
         fault_params[factor] = wd
-        train(runs, fault_size, [f"TrainConfig.seed = {FAULT_SEED}", f"TrainConfig.init_from = '{source}'",
-                                 f"RecipeConfig.weight_decay = {wd!r}", f"TrainConfig.collapse_reference = ('{fault_ref}',)",
-                                 # the plan's τ changed with λ, so the reference's controls no longer match
-                                 "TrainConfig.force_reference = True"],
-              fault_dir(workdir, fault_size, factor), workdir)
-    train(runs, fault_size, [f"TrainConfig.seed = {FAULT_SEED}"], clean_dir(workdir, fault_size, FAULT_SEED), workdir)
+        restart = [f"TrainConfig.seed = {FAULT_SEED}", f"TrainConfig.init_from = '{source}'",
+                   f"RecipeConfig.weight_decay = {wd!r}", f"TrainConfig.collapse_reference = ('{fault_ref}',)",
+                   # the plan's τ changed with λ, so the reference's controls no longer match
+                   "TrainConfig.force_reference = True"]
+        train(runs, fault_size, loss_curve, restart, fault_dir(workdir, fault_size, factor), workdir)
+    train(runs, fault_size, loss_curve, [f"TrainConfig.seed = {FAULT_SEED}"],
+          clean_dir(workdir, fault_size, FAULT_SEED), workdir)
 
     print("\n== analysis", flush=True)
     clean_rows, clean_fault_seed = [], None
@@ -300,13 +317,15 @@ def main(argv=None) -> int:
     plan, timings = plans[fault_size], {name: r.train_seconds() for name, r in runs.items()}
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "command": "python experiments/anomaly/run.py" + (" --loss-curve eval" if eval_curve else ""),
         "train_seconds": sum(timings.values()), "timings_s": timings,
         "config": {"sizes": list(sizes), "seeds": list(SEEDS), "steps": {s: p.steps for s, p in plans.items()},
                    "fault_size": fault_size, "fault_seed": FAULT_SEED, "inject_frac": INJECT_FRAC,
                    "inject_step": inject_step, "inject_frac_actual": inject_step / total,
                    "weight_decay": plan.weight_decay, "tau": plan.tau, "wd_factors": list(WD_FACTORS),
                    "monitor": json.loads(json.dumps(monitor_cfg.__dict__)), "log_every": log_every,
-                   "zscore": ZSCORE.__dict__, "gin_files": [os.path.relpath(f, ROOT) for f in gin_files("<size>")]},
+                   "zscore": ZSCORE.__dict__,
+                   "gin_files": [os.path.relpath(f, ROOT) for f in gin_files("<size>", loss_curve)]},
         "clean_fault_seed_final": clean_fault_seed["final_loss"],
         "faults": {k: public(v) for k, v in faults.items()},
         "clean": [public(r) for r in clean_rows],

@@ -100,11 +100,16 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
                 rows.append(row)
     if not rows:
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")
-    names = [n for n in ("single", "family", "family_shrunk") if all(f"{n}_error" in r for r in rows)]
-    summary = {f: {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows if r["frac"] == f]))
-                   for name in names} for f in fracs}
-    for errors in summary.values():
-        errors.update({f"{name}_over_single": errors[name] / errors["single"] for name in names[1:]})
+    # family_shrunk is scored only on targets with 3 or more references: its ratio is over those same targets
+    names = [n for n in ("single", "family", "family_shrunk") if any(f"{n}_error" in r for r in rows)]
+    summary = {}
+    for f in fracs:
+        summary[f] = {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows
+                                           if r["frac"] == f and f"{name}_error" in r])) for name in names}
+        for name in names[1:]:
+            scored = [r for r in rows if r["frac"] == f and f"{name}_error" in r]
+            summary[f][f"{name}_over_single"] = summary[f][name] / float(np.mean([abs(r["single_error"])
+                                                                                  for r in scored]))
     return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins,
             "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start}
 

@@ -99,6 +99,7 @@ def test_block_sizes_that_do_not_divide_the_length_are_refused(kernel):
 @pytest.mark.parametrize("seq_len, head_dim", [
     (96, 24),  # blocks of 32 (96 = 3 × 32), head_dim padded to 32
     (40, 16),  # 40 padded to 48 positions, blocks of 16
+    (40, 24),  # both
 ])
 def test_the_gpu_kernel_pads_what_triton_cannot_tile_and_picks_blocks_dividing_the_length(seq_len, head_dim):
     q, k, v, weights = _inputs(seq_len, 2, head_dim, jnp.float32)

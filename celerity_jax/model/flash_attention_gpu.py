@@ -31,17 +31,18 @@ def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_
     """softmax(scale·q·kᵀ + bias, causal)·v per head; out_BxLxHxK in v's dtype.
 
     alibi_slopes_H: per-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
-    block_q, block_k: query and key rows per block, powers of two, clamped to L; they must divide L. Default:
-    the largest power of two up to 64 that divides L (padded to a multiple of 16 first).
+    block_q, block_k: query and key rows per block, powers of two, clamped to L; they must divide L, which is
+    first padded to a multiple of 16. Default: the largest power of two up to 64 that divides it.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
     slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     padded_len = -(-seq_len // MIN_BLOCK) * MIN_BLOCK
-    if padded_len != seq_len and block_q is None and block_k is None:
+    if padded_len != seq_len:
         pad = lambda x: jnp.pad(x, ((0, 0), (0, padded_len - seq_len), (0, 0), (0, 0)))  # noqa: E731
         out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxHxK), pad(v_BxLxHxK), scale=scale,
-                                  alibi_slopes_H=alibi_slopes_H, interpret=interpret)
+                                  alibi_slopes_H=alibi_slopes_H, block_q=block_q, block_k=block_k,
+                                  interpret=interpret)
         return out[:, :seq_len]
     padded_dim = max(MIN_BLOCK, _next_power_of_two(head_dim))
     if padded_dim != head_dim:  # zero features change no score and add output columns that are cut off

@@ -5,9 +5,10 @@ the tau recipe at the quick budget (experiments/demo/tau.gin + quick.gin), 5 see
 (FAULT_SIZE, seed FAULT_SEED) stops at t̂ = INJECT_FRAC and is restarted into new run directories with
 `TrainConfig.init_from` and a wrong weight decay (λ × each of WD_FACTORS): a realistic bad restart. Then
 
-- the in-loop collapse alert (`collapse/alert`, the family's MonitorConfig from base.gin) against a
-  reference built from the OTHER seeds of the same size, read from TensorBoard and replayed on curve.csv
-  with `monitor.replay_monitor` (the two must agree);
+- the in-loop collapse alert (`collapse/alert`, the family's MonitorConfig from base.gin, or eval.gin's
+  with --loss-curve eval) against a reference built from the OTHER seeds of the same size, read from
+  TensorBoard and replayed on curve.csv (eval.csv, one log per eval) with `monitor.replay_monitor` (the two
+  must agree);
 - the raw-loss detector `collapse.detectors.zscore_detector` (fixed ZScoreConfig defaults);
 
 give their onset t̂ (first alert) on the faulted runs, and their false alarms on all clean runs
@@ -215,7 +216,9 @@ def write_results(out: str, summary: dict, faults: dict, clean_rows: list[dict])
         f"with weight decay λ × factor (planned λ = {c['weight_decay']:.4g}, τ = {c['tau']:.3g}).", "",
         f"Collapse alert: MonitorConfig of the family (n_bins {c['monitor']['n_bins']}, smooth_bins "
         f"{c['monitor']['smooth_bins']}, alert_k {c['monitor']['alert_k']:g}, alert_m {c['monitor']['alert_m']}, "
-        f"align_window {tuple(c['monitor']['align_window'])}), logged every {c['log_every']} steps. Raw detector: "
+        f"align_window {tuple(c['monitor']['align_window'])}), logged every {c['log_every']} steps"
+        f"{' (replayed once per eval, on the eval curve)' if c['monitor']['loss_curve'] == 'eval' else ''}. "
+        "Raw detector: "
         f"EMA decay {ZSCORE.ema_decay:g}, W = {ZSCORE.window} steps, k = {ZSCORE.k:g}, m = {ZSCORE.m} steps.", "",
         "## Faulted runs (onset t̂ = first alert)", ""]
     lines += markdown.table(
@@ -317,7 +320,7 @@ def main(argv=None) -> int:
     plan, timings = plans[fault_size], {name: r.train_seconds() for name, r in runs.items()}
     summary = {
         "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-        "command": "python experiments/anomaly/run.py" + (" --loss-curve eval" if eval_curve else ""),
+        "command": " ".join(["python experiments/anomaly/run.py", *(argv if argv is not None else sys.argv[1:])]),
         "train_seconds": sum(timings.values()), "timings_s": timings,
         "config": {"sizes": list(sizes), "seeds": list(SEEDS), "steps": {s: p.steps for s, p in plans.items()},
                    "fault_size": fault_size, "fault_seed": FAULT_SEED, "inject_frac": INJECT_FRAC,

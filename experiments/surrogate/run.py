@@ -1,6 +1,6 @@
 """Fits the surrogate of the normalized curve (docs/science.md §5) to a grid of tiny runs: our Table 11.
 
-    python experiments/surrogate/run.py [--write-default]
+    python experiments/surrogate/run.py [--loss-curve eval|train] [--seed N] [--loss-curve train --write-default]
 
 1. Trains every size × τ × TPP of the grid (experiments/tiny/<size>.gin + grid.gin; τ pinned, weight
    decay derived, B = 1.5·sqrt(D)) into --workdir. Finished runs are skipped, interrupted ones resume;
@@ -12,8 +12,11 @@
    For scale: the oracle (b, q fitted to each curve alone), the same-controls run of the other
    size(s) as the prediction (what collapse offers without a surrogate), and the mean curve of the
    training runs (ignores τ and TPP).
-4. Writes results.md, results.json and fit.png to --out; with --write-default also the package's
-   default surrogate (celerity_jax/collapse/default_surrogate.json, used by `--surrogate default`).
+   Fits the eval-loss curves by default (eval.csv: 8 held-out batches at 50 points of t̂), the training-loss
+   curves with --loss-curve train.
+4. Writes results.md, results.json and fit.png to --out (default results/, or results/train/ for training
+   curves); with --write-default (training curves only) also the package's default surrogate
+   (celerity_jax/collapse/default_surrogate.json, used by `--surrogate default`).
 """
 
 import argparse
@@ -43,7 +46,7 @@ class GridRun:
 
     @property
     def name(self) -> str:
-        return f"{self.size}_tau{self.tau:g}_tpp{self.tpp:g}"
+        return f"{self.size}_tau{self.tau:g}_tpp{self.tpp:g}" + (f"_seed{self.seed}" if self.seed else "")
 
     @property
     def setting(self) -> tuple[float, float]:

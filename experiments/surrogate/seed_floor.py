@@ -25,13 +25,16 @@ from run import FIT_RANGE, REPO, grid_runs, parse_args, train_grid  # run.py bes
 
 
 def main() -> int:
-    own = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
-    own.add_argument("--sizes", default="d64")
-    own.add_argument("--seed", type=int, default=1)
+    own = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False,
+                                  epilog="Other options are run.py's (its grid, curve and bins options).")
+    own.add_argument("--sizes", default="d64", help="the sizes trained again (default d64)")
+    own.add_argument("--seed", type=int, default=1, help="their second seed (default 1)")
     known, rest = own.parse_known_args(sys.argv[1:])
     args = parse_args(["--sizes", known.sizes, *rest])  # the first seed's grid, curve and bins options
     seed_args = parse_args(["--sizes", known.sizes, "--seed", str(known.seed),
                             "--workdir", os.path.join(REPO, "runs", f"surrogate_seed{known.seed}"), *rest])
+    if known.seed == 0:
+        own.error("--seed must differ from run.py's seed 0")
     train_grid(grid_runs(seed_args), seed_args.workdir, seed_args.force_new)
 
     with open(os.path.join(args.out, "results.json")) as f:

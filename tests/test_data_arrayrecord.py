@@ -121,7 +121,8 @@ def test_corrupt_bytes_in_a_shard_are_named_when_read(shards, tmp_path):
     def scribble(folder):
         path = folder / first["file"]
         data = bytearray(path.read_bytes())
-        data[40:400] = b"x" * 360  # inside the records, before the footer the reader opens with
+        data[40:160] = b"x" * 120  # inside the first records, before the footer the reader opens with (a shard of
+        # 300 tokens holds a few hundred bytes of records, then its footer, padded to 128 KiB)
         path.write_bytes(bytes(data))
 
     stream = arrayrecord.ShardStream(_broken_copy(shards, tmp_path, scribble), "train")

@@ -112,8 +112,10 @@ def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field
 
 
 def check_controls(refs: Sequence["Reference"], run: Controls, run_name: str, force: bool = False,
-                   offset: float = 0.0) -> list[str]:
-    """Refuses references whose TPP, τ, schedule or offset differ from the run's (or each other's).
+                   offset: float = 0.0, loss_curve: str = "train") -> list[str]:
+    """Refuses references whose TPP, τ, schedule or offset differ from the run's (or each other's), or that were
+    built from another loss curve than the run's `loss_curve` ("train" or "eval"; references from before the
+    curve was recorded in their provenance were built from training curves; surrogate ones are not checked).
 
     Returns notes on what could not be checked; with `force`, mismatches become notes too.
     """
@@ -123,11 +125,15 @@ def check_controls(refs: Sequence["Reference"], run: Controls, run_name: str, fo
         problems += [f"{ref.source}: {m} (vs {refs[0].source})" for m in ref.controls.mismatches(refs[0].controls)]
         if abs(ref.offset - offset) > 1e-12:
             problems.append(f"{ref.source}: offset L0 {ref.offset:g} vs {offset:g}")
+        built_from = ref.provenance.get("loss_curve", "train") if ref.provenance.get("kind") == "curves" else None
+        if built_from not in (None, loss_curve):
+            problems.append(f"{ref.source}: built from {built_from} curves, the run's is its {loss_curve} curve")
         unknown = ref.controls.unknown(run)
         if unknown:
             notes.append(f"{ref.source}: not checked against {run_name}: {', '.join(unknown)} unknown")
     if problems and not force:
         raise ConfigError(f"references do not match {run_name}: {'; '.join(problems)}. A normalized curve "
-                          "depends on TPP, τ and the schedule; use references with the same controls, "
-                          "or force it (--force; TrainConfig.force_reference when training)")
+                          "depends on TPP, τ and the schedule, and on the loss curve it was built from; use "
+                          "references with the same controls, built from the same curve (`celerity collapse "
+                          "reference --loss-curve`), or force it (--force; TrainConfig.force_reference when training)")
     return notes + [f"forced: {p}" for p in problems]

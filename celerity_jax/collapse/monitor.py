@@ -5,7 +5,8 @@ it is small, checkpointable and exactly the object the offline tools build from 
 `monitor_update` runs inside the jitted train step (or, with MonitorConfig.loss_curve 'eval', after each
 eval); `monitor_metrics` runs at log steps against a reference curve on the same grid (built by
 reference.reference_on_grid), with the alert policy that config.MonitorConfig describes; `monitor_curve`
-gives the aligned curve that the trainer's figure draws (image.py); `replay_monitor` computes what it would have logged from a recorded curve.
+gives the aligned curve that the trainer's figure draws (image.py); `replay_monitor` computes what it would
+have logged from a recorded curve.
 """
 
 import functools
@@ -25,8 +26,9 @@ def monitor_init(cfg: MonitorConfig) -> dict[str, jax.Array]:
     return {"loss_sum": jnp.zeros(cfg.n_bins, jnp.float32), "count": jnp.zeros(cfg.n_bins, jnp.float32)}
 
 
+@jax.jit
 def monitor_update(state: dict[str, jax.Array], loss: jax.Array, frac: jax.Array) -> dict[str, jax.Array]:
-    """Adds one step's loss at t̂ = `frac`: the binning of curves.bin_curve, one step at a time (jit-able;
+    """Adds one step's loss at t̂ = `frac`: the binning of curves.bin_curve, one step at a time (jitted;
     a non-finite loss is skipped)."""
     sum_G, count_G = curves.bin_curve(jnp.reshape(frac, (1,)), jnp.reshape(loss, (1,)),
                                       state["loss_sum"].shape[0])

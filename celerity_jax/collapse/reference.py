@@ -92,24 +92,11 @@ def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, cont
     if not paths:
         raise ConfigError("no reference given; build one with `celerity collapse reference`")
     refs = [load_reference(p) for p in paths]
-    notes = check_controls(refs, controls, run_name, force, grid.offset)
-    notes += _check_loss_curve(refs, loss_curve, run_name, force)
+    notes = check_controls(refs, controls, run_name, force, grid.offset, loss_curve)
     if controls.n_params is None and len({r.controls.n_params for r in refs}) > 1:
         notes.append(f"N of {run_name} unknown: its reference is the mean over the references' sizes")
     frac_G = curves.bin_centers(grid.n_bins)
     return reference_curve(refs, frac_G, controls.n_params), notes
-
-
-def _check_loss_curve(refs: list[Reference], loss_curve: str, run_name: str, force: bool) -> list[str]:
-    """Refuses references built from another loss curve than the run's (references from before curves were
-    recorded in their provenance were built from training curves); surrogate references are not checked."""
-    built = {r.source: r.provenance.get("loss_curve", "train") for r in refs if r.provenance.get("kind") == "curves"}
-    problems = [f"{source} was built from {curve} curves" for source, curve in built.items() if curve != loss_curve]
-    if problems and not force:
-        raise ConfigError(f"references do not match the {loss_curve} curve of {run_name}: {'; '.join(problems)}. "
-                          f"Build them from {loss_curve} curves (`celerity collapse reference --loss-curve "
-                          f"{loss_curve}`), or force it (--force; TrainConfig.force_reference when training)")
-    return [f"forced: {p}" for p in problems]
 
 
 def _sizes(paths: Sequence[str]) -> dict[str, float | None]:

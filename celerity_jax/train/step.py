@@ -183,14 +183,11 @@ def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches:
                      batch_sharding=batch_sh, train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
 
 
-_jitted_monitor_update = jax.jit(monitor_lib.monitor_update)
-
-
 def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> TrainState:
     """The state with one eval's loss at t̂ = `frac` added to the collapse monitor's curve
     (MonitorConfig.loss_curve = "eval"); only the monitor's small arrays are touched."""
-    return dataclasses.replace(state, monitor=_jitted_monitor_update(state.monitor, np.float32(eval_loss),
-                                                                     np.float32(frac)))
+    return dataclasses.replace(state, monitor=monitor_lib.monitor_update(state.monitor, np.float32(eval_loss),
+                                                                         np.float32(frac)))
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:

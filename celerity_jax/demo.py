@@ -104,17 +104,17 @@ def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, 
     return write_report(workdir, runs, seconds, quick=quick, variant=tuple(gin_files) + tuple(gin_params))
 
 
-def measure(workdir: str, runs: list[DemoRun], loss: str) -> tuple[dict, dict]:
-    """(family comparison per recipe, summary) on one loss curve: each recipe's first-seed family, the ratio of
-    their mean absolute deviations, and Qiu et al.'s Δ/σ of the tau family over all its seeds."""
-    from celerity_jax.collapse import compare, files
+def measure(runs: list[DemoRun], curves: dict, loss: str) -> tuple[dict, dict]:
+    """(family comparison per recipe, summary) on one loss curve (`curves`: each run's, by name): each recipe's
+    first-seed family, the ratio of their mean absolute deviations, and Qiu et al.'s Δ/σ of the tau family over
+    all its seeds."""
+    from celerity_jax.collapse import compare
 
     n_bins, smooth_bins = GRIDS[loss]
 
     def family(recipe_name: str, replicas: bool) -> compare.FamilyComparison:
-        curves = [files.load_curve(r.workdir(workdir), loss=loss) for r in runs
-                  if r.recipe == recipe_name and (replicas or not r.replica)]
-        return compare.compare_family(curves, n_bins=n_bins, smooth_bins=smooth_bins)
+        members = [curves[r.name] for r in runs if r.recipe == recipe_name and (replicas or not r.replica)]
+        return compare.compare_family(members, n_bins=n_bins, smooth_bins=smooth_bins)
 
     families = {name: family(name, replicas=False) for name in RECIPES}
     summary = {name: fam.quality for name, fam in families.items()}
@@ -131,7 +131,8 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
     from celerity_jax.collapse import compare, files
     from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
-    measured = {loss: measure(workdir, runs, loss) for loss in GRIDS}
+    curves = {loss: {r.name: files.load_curve(r.workdir(workdir), loss=loss) for r in runs} for loss in GRIDS}
+    measured = {loss: measure(runs, curves[loss], loss) for loss in GRIDS}
     families, summary = measured["eval"]
     compare.plot_families({f"{name} recipe": fam for name, fam in families.items()},
                           os.path.join(workdir, "collapse.png"))
@@ -141,10 +142,9 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
             plan = json.load(f)
         mae = "(seed noise)" if r.replica else next(f"{x['mae']:.4f}" for x in families[r.recipe].rows
                                                     if x["curve"].startswith(r.workdir(workdir)))
-        eval_curve = files.load_curve(r.workdir(workdir), loss="eval")
         rows.append([r.recipe, r.name.split("/")[1], f"{plan['n_params']:,}", f"{plan['tpp']:.2f}",
                      f"{plan['tau']:.3f}", f"{plan['weight_decay']:.3g}", plan["batch_seqs"], plan["steps"],
-                     f"{eval_curve.loss_T[-1]:.4f}", mae, f"{seconds.get(r.name, float('nan')):.0f}"])
+                     f"{curves['eval'][r.name].loss_T[-1]:.4f}", mae, f"{seconds.get(r.name, float('nan')):.0f}"])
     lines = [
         "# celerity demo: does the tau recipe collapse?", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
@@ -152,8 +152,8 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
         + (f" Layered on every run: {'; '.join(variant)}." if variant else ""), ""]
     lines += markdown.table(["recipe", "run", "N", "TPP", "tau", "weight decay", "batch (seqs)", "steps",
                              "final eval loss", "MAE vs family mean (eval)", "time (s)"], rows)
-    lines += ["", "Collapse quality over t̂ in [0.2, 1] of the normalized curves L(t̂)/L(T), each recipe's first-seed "
-                  "family. Eval: the loss on fixed held-out batches at 50 points of t̂ (experiments/demo/eval.gin), "
+    lines += ["", "Collapse quality over t̂ in [0.2, 1] of the normalized curves L(t̂)/L(T), each recipe's "
+                  "first-seed family. Eval: the loss on fixed held-out batches at 50 points of t̂ (experiments/demo/eval.gin), "
                   f"{GRIDS['eval'][0]} bins; train: the training loss of every step, {GRIDS['train'][0]} bins "
                   f"smoothed over {GRIDS['train'][1]}.", ""]
     lines += markdown.table(["loss curve", "recipe", "mean abs deviation", "mean range", "max range"],

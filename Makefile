@@ -3,7 +3,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tests also compile for TPU slices, which needs libtpu (the `tpu` extra, about 700 MB), and run the
-# Beam pipeline of prepare-data (the `beam` extra).
+# Beam pipeline of prepare-data (the `beam` extra). The demo and the tests score models with lm-evaluation-harness
+# (the `eval` extra).
 TEST_STAMP := $(VENV)/.installed-tpu
 
 .PHONY: demo test test-slow install clean
@@ -13,11 +14,11 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,eval]'
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,tpu,beam]'
+	$(BIN)/pip install -q -e '.[test,eval,tpu,beam]'
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -52,6 +52,17 @@ def tiny_configs():
 
 
 @pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> str:
+    """The run directory of the tiny run trained to its end (checkpoints at steps 100, 110 and 114); read it,
+    never write it."""
+    from celerity_jax import run
+
+    workdir = str(tmp_path_factory.mktemp("trained") / "tiny")
+    run.load(run.RunSpec(workdir, TINY_GIN)).train_to(log=lambda _: None)
+    return workdir
+
+
+@pytest.fixture(scope="session")
 def curve_losses():
     """(workdir) -> {step: loss} from its curve.csv."""
     def losses(workdir) -> dict[int, float]:

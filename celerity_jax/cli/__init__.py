@@ -25,6 +25,8 @@ COMMAND_MODULES = (
     "celerity_jax.cli.demo",
     "celerity_jax.cli.sweep",
     "celerity_jax.cli.compile",
+    "celerity_jax.cli.evaluate",
+    "celerity_jax.cli.frontier",
 )
 
 

@@ -33,6 +33,25 @@ def causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slo
     return out[0] if len(out) == 1 else jnp.concatenate(out, axis=1)
 
 
+def cached_attention(q_BxLxHxK, k_BxSxHxK, v_BxSxHxK, positions_BxL, *, scale: float, alibi_slopes_H=None):
+    """Attention of L new queries per row against a KV cache of S slots, in which slot j holds position j.
+
+    Query i of row b sits at positions_BxL[b, i] and sees the slots j ≤ that position; the others (later
+    positions, or slots a shorter prompt left unwritten) are masked. Same function as `causal_attention` over
+    the cached prefix, up to float rounding."""
+    dist_BxLxS = positions_BxL[:, :, None] - jnp.arange(k_BxSxHxK.shape[1])[None, None, :]
+    visible_Bx1xLxS = (dist_BxLxS >= 0)[:, None]
+    if alibi_slopes_H is None:
+        bias_BxHxLxS = jnp.where(visible_Bx1xLxS, 0.0, _MASKED)
+    else:
+        slopes_1xHx1x1 = jnp.asarray(alibi_slopes_H, jnp.float32)[None, :, None, None]
+        bias_BxHxLxS = jnp.where(visible_Bx1xLxS, -slopes_1xHx1x1 * dist_BxLxS[:, None].astype(jnp.float32), _MASKED)
+    scores_BxHxLxS = jnp.einsum("blhk,bshk->bhls", q_BxLxHxK, k_BxSxHxK,
+                                preferred_element_type=jnp.float32) * scale + bias_BxHxLxS
+    probs_BxHxLxS = jax.nn.softmax(scores_BxHxLxS, axis=-1).astype(v_BxSxHxK.dtype)
+    return jnp.einsum("bhls,bshk->blhk", probs_BxHxLxS, v_BxSxHxK)
+
+
 def _causal_bias(start: int, end: int, alibi_slopes_H):
     """Float32 bias for queries start..end−1 against keys 0..end−1: ALiBi (or 0) where j ≤ i, masked above."""
     i_Qx1 = jnp.arange(start, end)[:, None]

@@ -25,12 +25,15 @@ def alibi_bias(n_heads: int, seq_len: int) -> jnp.ndarray:
     return (-slopes_H[:, None, None] * dist_LxL.astype(jnp.float32))[None]
 
 
-def apply_rope(x_BxLxHxK: jnp.ndarray, theta: float) -> jnp.ndarray:
-    """Rotate the two halves of each head's features by position-dependent angles (in float32)."""
+def apply_rope(x_BxLxHxK: jnp.ndarray, theta: float, positions_BxL: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Rotate the two halves of each head's features by position-dependent angles (in float32). positions_BxL:
+    each token's position (default 0..L−1 in every row; a decode step passes where its tokens sit)."""
     seq_len, head_dim = x_BxLxHxK.shape[1], x_BxLxHxK.shape[3]
     inv_freq_K2 = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    angle_LxK2 = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq_K2[None, :]
-    cos, sin = jnp.cos(angle_LxK2)[None, :, None, :], jnp.sin(angle_LxK2)[None, :, None, :]
+    if positions_BxL is None:
+        positions_BxL = jnp.arange(seq_len)[None, :]
+    angle_BxLxK2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq_K2
+    cos, sin = jnp.cos(angle_BxLxK2)[:, :, None, :], jnp.sin(angle_BxLxK2)[:, :, None, :]
     x1, x2 = jnp.split(x_BxLxHxK.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
     return out.astype(x_BxLxHxK.dtype)

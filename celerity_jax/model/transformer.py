@@ -5,7 +5,9 @@ Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" reso
 stream, norms, softmax and logits stay float32. Initial std, LR and eps per parameter come from `completep`.
 """
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,19 @@ from celerity_jax.model import attention, completep, flash_attention, flash_atte
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer for S positions of each row (slot j holds position j), in the compute dtype.
+    Decoding writes the new tokens' keys and values at their positions and attends over the slots up to them."""
+    k_NxBxSxHxK: jax.Array
+    v_NxBxSxHxK: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, slots: int) -> KVCache:
+    """An empty cache of `slots` positions (at most max_seq_len) for `batch` rows."""
+    shape = (cfg.n_layers, batch, slots, cfg.n_heads, cfg.head_dim)
+    return KVCache(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
 
 
 class Norm(nn.Module):
@@ -45,7 +60,10 @@ class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxLxD):
+    def __call__(self, x_BxLxD, cached=None):
+        """The attention branch. With `cached` = (k_BxSxHxK, v_BxSxHxK, positions_BxL): the tokens sit at those
+        positions, their keys and values are written into the cache, and the queries attend over it; returns
+        (out, (k, v)) then."""
         cfg = self.cfg
         b, l, d = x_BxLxD.shape
         split = lambda t: t.reshape(b, l, cfg.n_heads, cfg.head_dim)
@@ -53,10 +71,19 @@ class Attention(nn.Module):
         k_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "k")(x_BxLxD))
         v_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "v")(x_BxLxD))
         scale = completep.forward_multipliers(cfg)["attention"]
+        positions_BxL = None if cached is None else cached[2]
         if cfg.positions == "rope":
-            q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta)
-            k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta)
+            q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta, positions_BxL)
+            k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta, positions_BxL)
         slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
+        o = _dense(cfg, d, "o")
+        if cached is not None:
+            rows_Bx1 = jnp.arange(b)[:, None]
+            k_BxSxHxK = cached[0].at[rows_Bx1, positions_BxL].set(k_BxLxHxK.astype(cached[0].dtype), mode="drop")
+            v_BxSxHxK = cached[1].at[rows_Bx1, positions_BxL].set(v_BxLxHxK.astype(cached[1].dtype), mode="drop")
+            out_BxLxHxK = attention.cached_attention(q_BxLxHxK, k_BxSxHxK, v_BxSxHxK, positions_BxL, scale=scale,
+                                                     alibi_slopes_H=slopes_H)
+            return o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim)), (k_BxSxHxK, v_BxSxHxK)
         if cfg.attention_kernel == "blocked":
             out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
                                                      alibi_slopes_H=slopes_H)
@@ -71,7 +98,7 @@ class Attention(nn.Module):
                     bias = bias.astype(q_BxLxHxK.dtype)
             out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
                                                        scale=scale, implementation=cfg.attention_kernel)
-        return _dense(cfg, d, "o")(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
+        return o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
 
 
 def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H):
@@ -118,53 +145,72 @@ class Mlp(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm block x ← x + r·Attn(Norm x); x ← x + r·MLP(Norm x), r = m_L^(−α).
-    Returns the new residual stream and its RMS (for the coordinate check)."""
+    Returns the new residual stream and its RMS (for the coordinate check); with `cached` (see Attention), also
+    the layer's updated keys and values."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxLxD):
+    def __call__(self, x_BxLxD, cached=None):
         cfg = self.cfg
         r = completep.forward_multipliers(cfg)["residual"]
         x_BxLxD = sharding.constrain_batch(x_BxLxD)
-        attn_BxLxD = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD))
+        attn_BxLxD = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD), cached)
+        if cached is not None:
+            attn_BxLxD, kv = attn_BxLxD
         x_BxLxD = x_BxLxD + r * attn_BxLxD.astype(jnp.float32)
         mlp_BxLxD = Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD))
         x_BxLxD = x_BxLxD + r * mlp_BxLxD.astype(jnp.float32)
-        return x_BxLxD, _rms(x_BxLxD)
+        return (x_BxLxD, _rms(x_BxLxD)) if cached is None else (x_BxLxD, _rms(x_BxLxD), kv)
 
 
 class Transformer(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens_BxL, *, unembed: bool = True):
-        """(logits_BxLxV, stats); with unembed=False, (final hidden states x_BxLxD, unembed_DxV, stats)."""
+    def __call__(self, tokens_BxL, *, unembed: bool = True, cache: KVCache | None = None, positions_BxL=None):
+        """(logits_BxLxV, stats); with unembed=False, (final hidden states x_BxLxD, unembed_DxV, stats).
+
+        With a `cache` (unscanned layers only), the tokens sit at positions_BxL, their keys and values go into
+        the cache, and the result is (logits_BxLxV, the updated cache)."""
         cfg = self.cfg
         mult = completep.forward_multipliers(cfg)
         embed_VxD = self.param("embed", _unit_normal, (cfg.vocab_size, cfg.d_model))
         x_BxLxD = jnp.take(embed_VxD, tokens_BxL, axis=0)
         if cfg.positions == "learned":
             pos_LxD = self.param("pos_embed", _unit_normal, (cfg.max_seq_len, cfg.d_model))
-            x_BxLxD = x_BxLxD + pos_LxD[None, : tokens_BxL.shape[1]]
+            x_BxLxD = x_BxLxD + (pos_LxD[None, : tokens_BxL.shape[1]] if cache is None
+                                 else jnp.take(pos_LxD, positions_BxL, axis=0))
         x_BxLxD = sharding.constrain_batch(x_BxLxD * mult["input"])
         stats = {"embed_rms": _rms(x_BxLxD)}
 
         block = Block
-        if cfg.remat != "none":
-            policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots" else None
-            block = nn.remat(Block, policy=policy, prevent_cse=not cfg.scan_layers)
-        if cfg.scan_layers:
-            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                              length=cfg.n_layers)
-            x_BxLxD, rms_N = scanned(cfg, name="blocks")(x_BxLxD)
-        else:
-            rms = []
+        if cache is not None:
+            if cfg.scan_layers:
+                raise ConfigError("a KV cache needs unscanned layers; load the parameters with "
+                                  "`unstack_layers` and ModelConfig.scan_layers = False")
+            k, v = [], []
             for i in range(cfg.n_layers):
-                x_BxLxD, rms_i = block(cfg, name=f"block_{i}")(x_BxLxD)
-                rms.append(rms_i)
-            rms_N = jnp.stack(rms)
-        stats["residual_rms"] = rms_N
+                x_BxLxD, _, (k_i, v_i) = block(cfg, name=f"block_{i}")(
+                    x_BxLxD, (cache.k_NxBxSxHxK[i], cache.v_NxBxSxHxK[i], positions_BxL))
+                k.append(k_i)
+                v.append(v_i)
+            cache = KVCache(jnp.stack(k), jnp.stack(v))
+        else:
+            if cfg.remat != "none":
+                policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots" else None
+                block = nn.remat(Block, policy=policy, prevent_cse=not cfg.scan_layers)
+            if cfg.scan_layers:
+                scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                                  length=cfg.n_layers)
+                x_BxLxD, rms_N = scanned(cfg, name="blocks")(x_BxLxD)
+            else:
+                rms = []
+                for i in range(cfg.n_layers):
+                    x_BxLxD, rms_i = block(cfg, name=f"block_{i}")(x_BxLxD)
+                    rms.append(rms_i)
+                rms_N = jnp.stack(rms)
+            stats["residual_rms"] = rms_N
 
         x_BxLxD = Norm(cfg, name="final_norm")(x_BxLxD)
         if cfg.tie_embeddings:
@@ -175,6 +221,8 @@ class Transformer(nn.Module):
             return x_BxLxD, unembed_DxV, stats
         logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.dtype),
                                preferred_element_type=jnp.float32) * mult["output"]
+        if cache is not None:
+            return logits_BxLxV, cache
         stats["logits_rms"] = _rms(logits_BxLxV)
         return logits_BxLxV, stats
 
@@ -200,6 +248,24 @@ def apply(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, *, return_stats
     _check_tokens(cfg, tokens_BxL)
     logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, tokens_BxL)
     return (logits_BxLxV, stats) if return_stats else logits_BxLxV
+
+
+def apply_cached(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, cache: KVCache,
+                 positions_BxL: jax.Array) -> tuple[jax.Array, KVCache]:
+    """Float32 logits_BxLxV of the tokens at positions_BxL, attending over the cache, and the cache with their
+    keys and values written in (unscanned layers: see `unstack_layers`). Traced inside the caller's jit."""
+    return Transformer(cfg).apply({"params": params}, tokens_BxL, cache=cache, positions_BxL=positions_BxL)
+
+
+def unstack_layers(cfg: ModelConfig, params: dict) -> tuple[ModelConfig, dict]:
+    """The same model with one parameter subtree per layer (block_<i>) instead of scanned `blocks` stacked on a
+    leading layer axis; unchanged when the layers are not scanned."""
+    if not cfg.scan_layers:
+        return cfg, params
+    out = {k: v for k, v in params.items() if k != "blocks"}
+    for i in range(cfg.n_layers):
+        out[f"block_{i}"] = jax.tree.map(lambda x: x[i], params["blocks"])
+    return dataclasses.replace(cfg, scan_layers=False), out
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("z_loss", "loss_unroll"))

@@ -160,6 +160,45 @@ def read_checkpoint(directory: str, step: int, like_state=None):
     return restored["state"] if like_state is not None else None, restored["data"]
 
 
+def read_params(directory: str, step: int, like_params):
+    """The parameters of the checkpoint at `step`, without the optimizer state, read-only, laid out as
+    `like_params` (arrays or ShapeDtypeStructs with shardings). They are checked against their checksums where
+    the checkpoint has them; a checkpoint that fails the check is refused (ConfigError)."""
+    target = {"params": _abstract(like_params)}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that the item has no metadata file of its own
+    try:
+        state_dir = os.path.join(os.path.abspath(directory), str(step), "state")
+        with ocp.PyTreeCheckpointer() as reader:
+            params = reader.restore(state_dir, args=ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args, partial_restore=True))["params"]
+        record = None
+        if _has_integrity(directory, step):
+            manager = _read_only_manager(directory)
+            try:
+                record = manager.restore(step, args=ocp.args.Composite(integrity=ocp.args.JsonRestore()))["integrity"]
+            finally:
+                manager.close()
+    except Exception as e:  # orbax raises many types for truncated files or mismatched shapes
+        _log.warning("reading the parameters at step %d in %s failed", step, directory, exc_info=True)
+        raise ConfigError(f"cannot read the parameters of the checkpoint at step {step} in {directory} "
+                          f"({_root_cause(e)}); check that it is complete and matches the run's run.json") from None
+    finally:
+        absl_logging.set_verbosity(verbosity)
+    if record is not None:
+        expected = record.get("state") if isinstance(record, dict) else None
+        problem = "its integrity record is malformed" if not isinstance(expected, dict) else None
+        if problem is None:
+            actual = {".params" + path: fp for path, fp in fingerprints(params).items()}
+            bad = sorted(k for k in actual if actual[k] != expected.get(k))
+            problem = f"{len(bad)} array(s) do not match their checksums ({', '.join(bad[:3])})" if bad else None
+        if problem:
+            raise ConfigError(f"the checkpoint at step {step} in {directory} is corrupt: {problem}; pick another "
+                              "saved step")
+    return params
+
+
 def _directory_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 

@@ -1,0 +1,133 @@
+"""lm-evaluation-harness in process: a model of the harness's interface backed by the jitted forward and the KV-cache
+sampler, and the run of a list of tasks on it.
+
+- `loglikelihood`: the continuation's log-probability and whether it is the greedy one (`scoring.Scorer`);
+- `loglikelihood_rolling`: a document's log-probability, in the harness's windows of the model's context;
+- `generate_until`: greedy (or sampled, where the task asks) continuations up to the task's stop strings.
+The tokenizer's end-of-text token conditions an empty context, as it separates documents in training.
+"""
+
+import logging
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before the harness imports `datasets`: nothing is downloaded
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's progress bars are about tokenizing, not scoring
+
+from lm_eval import utils as lm_utils  # noqa: E402
+from lm_eval.api.model import TemplateLM  # noqa: E402
+
+from celerity_jax.errors import ConfigError  # noqa: E402
+from celerity_jax.evaluate import sampler, scoring, tasks  # noqa: E402
+
+DEFAULT_MAX_GEN_TOKS = 256
+_PROBE = "def f(x):\n    return x + 1  # ünïcode\n"
+
+
+class CelerityLM(TemplateLM):
+    """The harness's model interface for one of our models (its config, parameters on a mesh, and tokenizer)."""
+
+    def __init__(self, cfg, params, mesh, tokenizer, batch_size: int = 16):
+        super().__init__()
+        self.cfg, self.tokenizer_ = cfg, tokenizer
+        self.scorer = scoring.Scorer(cfg, params, mesh, batch_size)
+        self.decoder = sampler.Decoder(cfg, params, mesh)
+        self.batch_size = batch_size
+        self.truncated = 0  # requests whose context was cut to fit the model
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer_.separator_id
+
+    @property
+    def max_length(self) -> int:
+        return self.cfg.max_seq_len
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return [int(t) for t in self.tokenizer_.encode_batch([string])[0]]
+
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer_.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        scores = self.scorer.score([(context, continuation) for _, context, continuation in requests])
+        self.truncated += sum(s.truncated for s in scores)
+        return [(s.logprob, s.greedy) for s in scores]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        windows, owner = [], []
+        for i, (text,) in enumerate(r.args for r in requests):
+            for window in lm_utils.get_rolling_token_windows(token_list=self.tok_encode(text),
+                                                             prefix_token=self.prefix_token_id,
+                                                             max_seq_len=self.max_length, context_len=1):
+                windows.append(lm_utils.make_disjoint_window(window))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, score in zip(owner, self.scorer.score(windows)):
+            totals[i] += score.logprob
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        if requests:
+            check_can_decode(self.tokenizer_)
+        out = [""] * len(requests)
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(repr(sorted(r.args[1].items())), []).append(i)
+        for members in groups.values():
+            kwargs = dict(requests[members[0]].args[1])
+            stop = kwargs.pop("until", None) or [self.tok_decode([self.eot_token_id])]
+            max_new = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            temperature = float(kwargs.pop("temperature", 0.0)) if kwargs.pop("do_sample", False) else 0.0
+            budget = max(1, self.max_length - max_new)
+            prompts = []
+            for i in members:
+                ids = self.tok_encode(requests[i].args[0]) or [self.prefix_token_id]
+                self.truncated += len(ids) > budget
+                prompts.append(ids[-budget:])
+            generations = sampler.generate(self.decoder, self.tokenizer_, prompts, max_new_tokens=max_new,
+                                           temperature=temperature, top_p=float(kwargs.pop("top_p", 1.0)),
+                                           stop=tuple([stop] if isinstance(stop, str) else stop),
+                                           batch_size=self.batch_size)
+            for i, g in zip(members, generations):
+                out[i] = g.text
+        return out
+
+
+def check_can_decode(tokenizer) -> None:
+    """Refuses generation with a tokenizer whose decode does not give back what it encoded."""
+    if tokenizer.decode(tokenizer.encode_batch([_PROBE])[0]) != _PROBE:
+        raise ConfigError(f"the tokenizer {tokenizer.name} cannot decode what it encodes (a round trip of a short "
+                          "text differs), so generated text would be wrong; use log-likelihood tasks only, or a "
+                          "tokenizer.json with a decoder")
+
+
+def run_tasks(lm: CelerityLM, specs: list[tasks.TaskSpec], data_dir: str | None, limit: int | None,
+              task_manager=None) -> dict:
+    """The harness's results for `specs`, after the local files are checked: {task: {"metric", "value",
+    "stderr", "docs", "shots", "truncated"}} (truncated: requests cut to fit the model's context)."""
+    import lm_eval
+
+    for name in ("lm-eval", "lm_eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    task_manager = task_manager or tasks.task_manager()
+    configs = [tasks.harness_config(s, data_dir, task_manager) for s in specs]
+    built = task_manager.load(configs)["tasks"]
+    out = {}
+    for s in specs:  # one at a time, to count each task's truncated requests
+        lm.truncated = 0
+        results = lm_eval.simple_evaluate(model=lm, tasks=[built[s.name]], limit=limit, log_samples=False,
+                                          task_manager=task_manager, bootstrap_iters=1000)
+        scores = results["results"][s.name]
+        out[s.name] = {"metric": s.metric, "value": float(scores[f"{s.metric},none"]),
+                       "stderr": _number(scores.get(f"{s.metric}_stderr,none")),
+                       "docs": int(results["n-samples"][s.name]["effective"]), "shots": s.shots,
+                       "truncated": lm.truncated}
+    return out
+
+
+def _number(x) -> float | None:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None  # the harness writes "N/A" where it has no stderr

@@ -1,0 +1,103 @@
+"""A model from a run directory: its parameters at a saved step (without the optimizer state), its ModelConfig
+and its tokenizer, on a device mesh. Sampling, scoring, the harness and the Hugging Face export start here."""
+
+import dataclasses
+import json
+import os
+
+import jax
+
+from celerity_jax import gin_config, sharding
+from celerity_jax.data.config import DataConfig
+from celerity_jax.data.tokenizer import load_tokenizer
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import transformer
+from celerity_jax.model.config import ModelConfig
+from celerity_jax.train import checkpoint, rundir
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    workdir: str
+    step: int
+    cfg: ModelConfig    # the run's, as inference runs it: unscanned layers, no remat, automatic logits chunks
+    params: dict        # on `mesh`, laid out by the sharding rules
+    tokenizer: object   # celerity_jax.data.tokenizer's interface
+    mesh: jax.sharding.Mesh
+    plan: dict          # the run's plan.json
+    identity: dict      # the run's run.json
+
+    @property
+    def max_len(self) -> int:
+        """The longest token sequence the model reads."""
+        return self.cfg.max_seq_len
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {what} {path} ({e}); --workdir must be a run directory written by "
+                          "`celerity train`") from None
+
+
+def saved_step(workdir: str, step: int | None) -> int:
+    """`step` if the run saved a checkpoint there, else the newest when `step` is None; refuses otherwise."""
+    steps = checkpoint.checkpoint_steps(os.path.join(workdir, rundir.CHECKPOINTS))
+    if not steps:
+        raise ConfigError(f"{workdir} holds no checkpoint; train the run first (`celerity train`) or point "
+                          "--workdir at a run that saved one")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        shown = ", ".join(map(str, steps[-8:]))
+        raise ConfigError(f"{workdir} has no checkpoint at step {step}; its saved steps are {shown}: pass one of "
+                          "them to --step, or leave --step out for the newest")
+    return step
+
+
+def run_model_config(identity: dict, workdir: str) -> ModelConfig:
+    try:
+        return ModelConfig(**identity["model"])
+    except (KeyError, TypeError, ConfigError) as e:
+        raise ConfigError(f"the model in {rundir.run_json_path(workdir)} is not readable by this version "
+                          f"({e}); use the celerity_jax version that trained the run") from None
+
+
+def run_tokenizer(identity: dict, workdir: str):
+    """The tokenizer the run trained with, as its DataConfig names it."""
+    try:
+        data = DataConfig(**identity["data"])
+        tokenizer = load_tokenizer(data.tokenizer, data.separator_token)
+    except (KeyError, TypeError, ConfigError) as e:
+        raise ConfigError(f"the tokenizer of the run in {workdir} cannot be loaded ({e}); run from the directory "
+                          "the run was trained in, or put its tokenizer file back at that path") from None
+    return tokenizer
+
+
+def run_mesh(workdir: str) -> jax.sharding.Mesh:
+    """The mesh shape the run trained with (its config.gin's TrainConfig.mesh_shape), over this host's devices."""
+    path = os.path.join(workdir, rundir.CONFIG_GIN)
+    shape = gin_config.parse_gin([path]).train.mesh_shape if os.path.isfile(path) else (-1, 1, 1)
+    return sharding.make_mesh(shape)
+
+
+def load_model(workdir: str, step: int | None = None, mesh: jax.sharding.Mesh | None = None) -> LoadedModel:
+    """The run's parameters at `step` (default: the newest checkpoint), checked against their checksums, on `mesh`
+    (default: the run's own mesh shape)."""
+    if not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir {workdir} does not exist; give a run directory written by `celerity train`")
+    identity = _read_json(rundir.run_json_path(workdir), "the run's identity")
+    plan = _read_json(os.path.join(workdir, rundir.PLAN_JSON), "the run's plan")
+    cfg = run_model_config(identity, workdir)
+    tokenizer = run_tokenizer(identity, workdir)
+    step = saved_step(workdir, step)
+    mesh = mesh or run_mesh(workdir)
+    abstract = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+    like = sharding.with_shardings(abstract, sharding.param_shardings(abstract, mesh))
+    params = checkpoint.read_params(os.path.join(workdir, rundir.CHECKPOINTS), step, like)
+    cfg, params = transformer.unstack_layers(cfg, params)
+    # Inference differentiates nothing, and its sequence lengths are bucketed: the loss chunking picks its own.
+    cfg = dataclasses.replace(cfg, remat="none", logits_chunk_len="auto")
+    return LoadedModel(workdir, step, cfg, params, tokenizer, mesh, plan, identity)

@@ -1,0 +1,135 @@
+"""Which lm-evaluation-harness tasks `celerity eval` runs, on which local files, with how many shots, and which
+metric each reports.
+
+Stock tasks run from the harness's own task configs, unchanged (prompts, few-shot splits, metrics) except for
+where their data comes from: `DIR/<task>/<split>.jsonl`, one JSON document per line in the dataset's own schema,
+one file per split the stock config names. Nothing is downloaded.
+
+The `celerity` preset is the paper's downstream protocol (its Table 10): seven tasks at the shots below and their
+average. Each reports acc_norm (the log-likelihood per byte of a choice) where the choices are free text of
+different lengths, whose raw log-likelihood favours the short ones: ARC, HellaSwag, PIQA. It reports acc where
+length does not vary (BoolQ's "yes"/"no"; WinoGrande scores the same continuation after each option) or where the
+stock task computes acc only (Social IQa). These choices are ours: the text of the paper we hold does not say
+which metric each column is.
+"""
+
+import dataclasses
+import difflib
+import functools
+import json
+import os
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.evaluate import builtin_task
+
+PRESETS = {
+    "celerity": (("arc_challenge", 25), ("arc_easy", 0), ("boolq", 0), ("hellaswag", 10), ("piqa", 0),
+                 ("social_iqa", 0), ("winogrande", 5)),
+}
+METRICS = {"arc_challenge": "acc_norm", "arc_easy": "acc_norm", "boolq": "acc", "hellaswag": "acc_norm",
+           "piqa": "acc_norm", "social_iqa": "acc", "winogrande": "acc", builtin_task.TASK_NAME: "acc"}
+# The fields each preset task's stock config reads from a document (checked before the harness runs).
+FIELDS = {
+    "arc_challenge": ("question", "choices", "answerKey"),
+    "arc_easy": ("question", "choices", "answerKey"),
+    "boolq": ("passage", "question", "label"),
+    "hellaswag": ("activity_label", "ctx_a", "ctx_b", "endings", "label"),
+    "piqa": ("goal", "sol1", "sol2", "label"),
+    "social_iqa": ("context", "question", "answerA", "answerB", "answerC", "label"),
+    "winogrande": ("sentence", "option1", "option2", "answer"),
+}
+SPLIT_KEYS = ("training_split", "validation_split", "test_split")
+
+
+@functools.cache
+def task_manager():
+    """The harness's index of its stock tasks (built once per process: it reads every task config)."""
+    from celerity_jax.evaluate import harness  # noqa: F401  (sets the harness offline before it is imported)
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    shots: int
+
+    @property
+    def metric(self) -> str:
+        return METRICS.get(self.name, "acc")
+
+
+def parse_tasks(text: str, known: list[str]) -> list[TaskSpec]:
+    """A comma list of preset names, task names and `task:shots`; a task without shots gets the preset's (0 for
+    tasks outside it). `known`: the harness's task names."""
+    default_shots = {name: shots for preset in PRESETS.values() for name, shots in preset}
+    specs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, shots = item.partition(":")
+        if name in PRESETS and not shots:
+            specs += [TaskSpec(n, s) for n, s in PRESETS[name]]
+            continue
+        if name != builtin_task.TASK_NAME and name not in known:
+            close = difflib.get_close_matches(name, [*PRESETS, builtin_task.TASK_NAME, *known], n=4)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `lm_eval ls tasks`"
+            raise ConfigError(f"--tasks: unknown task {name!r}; {hint} (or the preset 'celerity', or "
+                              f"{builtin_task.TASK_NAME!r}, the built-in task)")
+        if shots and not shots.isdigit():
+            raise ConfigError(f"--tasks: {item!r}: write shots as task:N with N a whole number, e.g. hellaswag:10")
+        specs.append(TaskSpec(name, int(shots) if shots else default_shots.get(name, 0)))
+    if not specs:
+        raise ConfigError("--tasks is empty; name tasks, e.g. --tasks celerity or --tasks arc_easy,piqa")
+    if len({s.name for s in specs}) < len(specs):
+        raise ConfigError(f"--tasks names a task twice ({text}); name each once")
+    return specs
+
+
+def data_files(stock_config: dict, task: str, data_dir: str) -> dict[str, str]:
+    """{split: DIR/<task>/<split>.jsonl} for each split the stock config names, each checked: present, one JSON
+    object per line, with the fields the task reads."""
+    splits = sorted({stock_config[k] for k in SPLIT_KEYS if stock_config.get(k)})
+    files = {split: os.path.join(data_dir, task, f"{split}.jsonl") for split in splits}
+    fields = FIELDS.get(task, ())
+    expected = f"one JSON object per line with the fields {', '.join(fields)}" if fields else \
+        "one JSON object per line in the dataset's own schema"
+    for split, path in files.items():
+        if not os.path.isfile(path):
+            raise ConfigError(f"{task}: {path} is missing; the stock task reads the splits {', '.join(splits)}, "
+                              f"each a file of {expected} (README: Evaluating and sampling)")
+        _check_documents(path, fields, expected)
+    return files
+
+
+def _check_documents(path: str, fields: tuple[str, ...], expected: str) -> None:
+    with open(path, encoding="utf-8") as f:
+        n = 0
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                doc = None
+            missing = [k for k in fields if k not in doc] if isinstance(doc, dict) else list(fields) or ["{...}"]
+            if missing:
+                raise ConfigError(f"{path}:{n} is not {expected} (missing: {', '.join(missing)}); rewrite the file "
+                                  "from the dataset (README: Evaluating and sampling)")
+    if n == 0:
+        raise ConfigError(f"{path} is empty; it must hold {expected}")
+
+
+def harness_config(spec: TaskSpec, data_dir: str | None, task_manager) -> dict:
+    """The task config the harness builds the task from: the stock config with its data pointed at local files,
+    or the built-in task's."""
+    if spec.name == builtin_task.TASK_NAME:
+        return {**builtin_task.task_config(), "num_fewshot": spec.shots}
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    stock = load_yaml(task_manager.task_index[spec.name].yaml_path, resolve_func=True)
+    if data_dir is None:
+        raise ConfigError(f"--data-dir is required for {spec.name}: the harness's stock tasks read local files "
+                          "DIR/<task>/<split>.jsonl (README: Evaluating and sampling)")
+    files = data_files(stock, spec.name, data_dir)
+    return {**stock, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
+            "num_fewshot": spec.shots}

@@ -106,7 +106,7 @@ def eval_command(args: argparse.Namespace) -> int:
                           "<task>/<split>.jsonl")
     from celerity_jax.evaluate import harness, loader, results, tasks
 
-    task_manager = tasks.task_manager()
+    task_manager = tasks.task_manager(stock=tasks.needs_stock_tasks(args.tasks))
     specs = tasks.parse_tasks(args.tasks, task_manager.all_subtasks)
     for spec in specs:  # every data file is checked before the model is loaded
         tasks.harness_config(spec, args.data_dir, task_manager)

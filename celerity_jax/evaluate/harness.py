@@ -7,33 +7,41 @@ sampler, and the run of a list of tasks on it.
 The tokenizer's end-of-text token conditions an empty context, as it separates documents in training.
 """
 
+import dataclasses
+import functools
 import logging
 import os
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before the harness imports `datasets`: nothing is downloaded
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's progress bars are about tokenizing, not scoring
 
 from lm_eval import utils as lm_utils  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402
 
 from celerity_jax.errors import ConfigError  # noqa: E402
 from celerity_jax.evaluate import sampler, scoring, tasks  # noqa: E402
+from celerity_jax.model import transformer  # noqa: E402
 
 DEFAULT_MAX_GEN_TOKS = 256
 _PROBE = "def f(x):\n    return x + 1  # ünïcode\n"
 
 
 class CelerityLM(TemplateLM):
-    """The harness's model interface for one of our models (its config, parameters on a mesh, and tokenizer)."""
+    """The harness's model interface for one of our models: its config, parameters on a mesh (as a run trains them,
+    scanned or not) and tokenizer."""
 
     def __init__(self, cfg, params, mesh, tokenizer, batch_size: int = 16):
         super().__init__()
-        self.cfg, self.tokenizer_ = cfg, tokenizer
-        self.scorer = scoring.Scorer(cfg, params, mesh, batch_size)
-        self.decoder = sampler.Decoder(cfg, params, mesh)
+        # Nothing is differentiated, and sequence lengths are bucketed: the loss chunking picks its own.
+        self.cfg = dataclasses.replace(cfg, remat="none", logits_chunk_len="auto")
+        self.params, self.mesh, self.tokenizer_ = params, mesh, tokenizer
+        self.scorer = scoring.Scorer(self.cfg, params, mesh, batch_size)
         self.batch_size = batch_size
         self.truncated = 0  # requests whose context was cut to fit the model
+
+    @functools.cached_property
+    def decoder(self) -> sampler.Decoder:
+        return sampler.Decoder(*transformer.unstack_layers(self.cfg, self.params), self.mesh)
 
     @property
     def eot_token_id(self) -> int:
@@ -48,6 +56,9 @@ class CelerityLM(TemplateLM):
 
     def tok_decode(self, tokens) -> str:
         return self.tokenizer_.decode(tokens)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = True) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)  # its bar times tokenizing, not scoring
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         scores = self.scorer.score([(context, continuation) for _, context, continuation in requests])

@@ -20,7 +20,7 @@ from celerity_jax.train import checkpoint, rundir
 class LoadedModel:
     workdir: str
     step: int
-    cfg: ModelConfig    # the run's, as inference runs it: unscanned layers, no remat, automatic logits chunks
+    cfg: ModelConfig    # the run's, with unscanned layers (what the KV cache needs)
     params: dict        # on `mesh`, laid out by the sharding rules
     tokenizer: object   # celerity_jax.data.tokenizer's interface
     mesh: jax.sharding.Mesh
@@ -98,6 +98,4 @@ def load_model(workdir: str, step: int | None = None, mesh: jax.sharding.Mesh | 
     like = sharding.with_shardings(abstract, sharding.param_shardings(abstract, mesh))
     params = checkpoint.read_params(os.path.join(workdir, rundir.CHECKPOINTS), step, like)
     cfg, params = transformer.unstack_layers(cfg, params)
-    # Inference differentiates nothing, and its sequence lengths are bucketed: the loss chunking picks its own.
-    cfg = dataclasses.replace(cfg, remat="none", logits_chunk_len="auto")
     return LoadedModel(workdir, step, cfg, params, tokenizer, mesh, plan, identity)

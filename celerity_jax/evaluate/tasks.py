@@ -42,12 +42,21 @@ SPLIT_KEYS = ("training_split", "validation_split", "test_split")
 
 
 @functools.cache
-def task_manager():
-    """The harness's index of its stock tasks (built once per process: it reads every task config)."""
-    from celerity_jax.evaluate import harness  # noqa: F401  (sets the harness offline before it is imported)
-    from lm_eval.tasks import TaskManager
+def task_manager(stock: bool = True):
+    """The harness's task index (built once per process); with `stock`, of all its stock tasks, which takes
+    seconds (it reads every task config), else empty (enough for the built-in task)."""
+    try:
+        from celerity_jax.evaluate import harness  # noqa: F401  (sets the harness offline before it is imported)
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ConfigError("downstream evaluation needs lm-evaluation-harness: pip install -e '.[eval]' (the "
+                          "`eval` extra)") from None
+    return TaskManager(include_defaults=stock)
 
-    return TaskManager()
+
+def needs_stock_tasks(text: str) -> bool:
+    """Whether a --tasks list names anything but the built-in task."""
+    return any(t.strip().partition(":")[0] != builtin_task.TASK_NAME for t in text.split(",") if t.strip())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,18 +50,32 @@ class TrainConfig:
     # position carry over; this run's config (e.g. a new weight decay) applies from there on. Used only
     # while the workdir has no checkpoint of its own (see celerity_jax/train/init_from.py).
     init_from: str = ""
+    # Downstream scores in the loop (train/downstream.py): lm-evaluation-harness tasks named as `celerity eval
+    # --tasks` names them, scored at t̂ = k/downstream_points (k = 1..downstream_points) on the first
+    # downstream_limit documents of each (0: all), with data from downstream_data_dir (stock tasks only).
+    downstream_tasks: tuple[str, ...] = ()
+    downstream_points: int = 0
+    downstream_limit: int = 0
+    downstream_data_dir: str = ""
+    downstream_batch_size: int = 16
 
     def __post_init__(self):
         check_field_types(self)
         if self.mesh_shape.count(-1) > 1 or any(s == 0 or s < -1 for s in self.mesh_shape):
             raise ConfigError(f"TrainConfig.mesh_shape={self.mesh_shape}: give 3 positive sizes for "
                               f"{MESH_AXES}, at most one of them -1 (all remaining devices)")
-        for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last"):
+        for name in ("microbatches", "log_every", "eval_batches", "checkpoint_every", "keep_last",
+                     "downstream_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("eval_every", "eval_points", "keep_every", "max_bad_steps", "stop_at_step"):
+        for name in ("eval_every", "eval_points", "keep_every", "max_bad_steps", "stop_at_step", "downstream_points",
+                     "downstream_limit"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0 (0 disables it)")
+        if bool(self.downstream_tasks) != bool(self.downstream_points):
+            raise ConfigError(f"TrainConfig.downstream_tasks={self.downstream_tasks} and downstream_points="
+                              f"{self.downstream_points}: set both (tasks, and how many times to score them) or "
+                              "neither")
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
 

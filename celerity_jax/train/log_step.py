@@ -60,9 +60,9 @@ class StepLog:
 
     def __init__(self, plan, monitor_cfg, *, tb: TensorBoardWriter | None, curve: CurveCSV | None,
                  progress: Progress, loss_ema_decay: float, peak: float, start_step: int, reference_G=None,
-                 eval_step=None, eval_batches=(), eval_curve: CurveCSV | None = None):
+                 eval_step=None, eval_batches=(), eval_curve: CurveCSV | None = None, downstream=None):
         self.plan, self.monitor_cfg, self.tb, self.curve, self.progress = plan, monitor_cfg, tb, curve, progress
-        self.eval_curve = eval_curve
+        self.eval_curve, self.downstream = eval_curve, downstream
         self.reference_G, self.eval_step, self.eval_batches, self.peak = reference_G, eval_step, eval_batches, peak
         self.loss_ema_decay, self._loss_ema_carry = loss_ema_decay, (0.0, 0.0)  # train/loss_smooth
         self._time, self._step = time.time(), start_step  # of the previous log step
@@ -77,6 +77,18 @@ class StepLog:
             state = step_lib.monitor_eval_loss(state, loss, step / self.plan.steps)
         self._time += time.time() - start
         return state, loss
+
+    def score_downstream(self, step: int, params) -> None:
+        """Scores the downstream tasks at `step` (train/downstream.py), into TensorBoard at once; its time is left
+        out of the next perf/* metrics."""
+        start = time.time()
+        values = self.downstream(step, params)
+        seconds = time.time() - start
+        self._time += seconds
+        if self.tb is not None:
+            self.tb.scalars(step, values)
+        self.progress.message(f"downstream at step {step} ({seconds:.0f} s): " + ", ".join(
+            f"{tag.removeprefix('downstream/')} {value:.4f}" for tag, value in values.items()))
 
     def record(self, step: int, state, metrics: dict, pending: list, eval_loss: float | None = None,
                last: bool = False) -> dict[str, float]:

@@ -12,6 +12,7 @@ import jax
 
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 from celerity_jax.train import interrupts, logfile, setup
+from celerity_jax.train.downstream import downstream_steps
 from celerity_jax.train.config import RunConfigs
 from celerity_jax.train.log_step import StepLog, peak_flops
 from celerity_jax.train.writers import Progress
@@ -81,9 +82,10 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
     step_log = StepLog(plan, t.monitor_cfg, tb=t.tb, curve=t.curve, eval_curve=t.eval_curve, progress=progress,
                        loss_ema_decay=train_cfg.loss_ema, peak=peak_flops(train_cfg.peak_flops_per_sec),
                        start_step=t.start_step, reference_G=t.reference_G, eval_step=t.eval_step,
-                       eval_batches=t.eval_batches)
+                       eval_batches=t.eval_batches, downstream=t.downstream)
     state, step, pending, stopped = t.state, t.start_step, [], StopReason.FINISHED
     eval_steps = train_cfg.eval_steps(plan.steps)
+    scored_steps = downstream_steps(train_cfg, plan.steps)
     bad_at_start = int(jax.device_get(state.bad_steps))
     try:
         while step < last_step and stopped is StopReason.FINISHED:
@@ -95,10 +97,13 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
             is_log = step % train_cfg.log_every == 0 or step == last_step or interrupted
             is_eval = step in eval_steps or (bool(train_cfg.eval_every) and step % train_cfg.eval_every == 0)
             is_checkpoint = step % train_cfg.checkpoint_every == 0 or step == last_step or interrupted
-            if not (is_log or is_eval or is_checkpoint):
+            is_scored = step in scored_steps
+            if not (is_log or is_eval or is_checkpoint or is_scored):
                 continue
             _raise_if_diverged(t, state, bad_at_start, step)
             state, eval_loss = step_log.evaluate(step, state) if is_eval else (state, None)
+            if is_scored:
+                step_log.score_downstream(step, state.params)
             values = step_log.record(step, state, metrics, pending, eval_loss=eval_loss, last=step == last_step)
             pending = []
             if values.get("collapse/alert", 0.0) > 0:

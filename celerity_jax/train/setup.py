@@ -23,7 +23,7 @@ from celerity_jax.collapse.controls import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path
-from celerity_jax.train import init_from, interrupts, lock, rundir
+from celerity_jax.train import downstream, init_from, interrupts, lock, rundir
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.checkpoint import Checkpointer, checkpoint_steps
 from celerity_jax.train.config import RunConfigs, TrainConfig
@@ -52,6 +52,7 @@ class Trainer:
     start_step: int
     restored_step: int | None      # the checkpoint resumed from
     init_from: str | None          # the other run's checkpoint this run started from
+    downstream: Callable | None    # (step, params) -> downstream scores' scalars (written); None: no tasks
 
     def next_batch(self) -> dict[str, jax.Array]:
         batch = next(self.data_it)
@@ -68,6 +69,7 @@ def check_run(configs: RunConfigs, workdir: str) -> tuple[recipe.Plan, jax.shard
     data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), configs.model.vocab_size)
     mesh = sharding.make_mesh(configs.train.mesh_shape)
     sharding.check_batch_divisible(plan.batch_seqs, mesh, configs.train.microbatches)
+    downstream.Downstream.checked(configs.train)  # task names and data files
     return plan, mesh
 
 
@@ -189,6 +191,7 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
     train_step = compile_train_step(build, plan, train_cfg, configs.model)
     interrupts.raise_if_requested()
 
+    score_downstream = downstream.make_downstream(configs, plan, mesh, workdir, is_chief)
     identity = rundir.run_identity(configs, plan)
     source = _prepare_workdir(configs, plan, workdir, identity, data_it, operative_config, force_new, is_chief, log)
     _log_plan_and_data(configs, plan, log)
@@ -223,7 +226,8 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
             eval_step=eval_step, eval_batches=eval_batches, reference_G=reference_G, data_it=data_it,
             batch_sharding=batch_sh, checkpointer=checkpointer, tb=tb, curve=curve, eval_curve=eval_curve,
             is_chief=is_chief, state=state, start_step=start_step, restored_step=restored_step,
-            init_from=os.path.join(source.checkpoints_dir, str(source.step)) if init_description else None)
+            init_from=os.path.join(source.checkpoints_dir, str(source.step)) if init_description else None,
+            downstream=score_downstream)
     except BaseException:
         with contextlib.suppress(Exception):
             if tb:

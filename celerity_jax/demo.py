@@ -8,7 +8,10 @@ Collapse is measured on the eval loss: every run evaluates the same fixed held-o
 points of t̂ (experiments/demo/eval.gin), a curve without the batch-to-batch noise of the training loss.
 Then `collapse.png` (normalized eval curves and residuals, both recipes side by side) and `report.md`:
 collapse quality of each recipe and their ratio, Qiu et al.'s Δ/σ of the tau family, and the same numbers
-on the training-loss curves for comparison. Each run is an ordinary run directory with its own
+on the training-loss curves for comparison. Last, the tau family's final checkpoints are scored downstream on
+the built-in task (`celerity_jax/evaluate/builtin_task.py`, no download): the report's table says whether the
+larger sizes score higher, and `frontier.png` draws the family's accuracy against training FLOPs with the
+paper's form fitted, next to the paper's published points. Each run is an ordinary run directory with its own
 TensorBoard events: `tensorboard --logdir <workdir>`. Rerunning resumes unfinished runs and skips finished
 ones. The command line is `celerity_jax/cli/demo.py`.
 
@@ -34,6 +37,7 @@ TARGET_DELTA_OVER_SIGMA = 1.5
 GRIDS = {"eval": (25, 1), "train": (100, 5)}  # loss curve -> (bins, smoothing bins)
 # Where the seed-noise floor of the collapse measure was measured (the "seed noise" row).
 SEED_NOISE_RESULTS = "experiments/proxy_tuning/results.md"
+DOWNSTREAM_DOCS = 1000  # documents of the built-in task scored per run
 
 
 def experiments_dir() -> str:
@@ -101,7 +105,29 @@ def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, 
         loaded = run.load(run.RunSpec(r.workdir(workdir), r.gin_files, r.gin_params, name=r.name))
         loaded.train_to(force_new=force_new, log=log)
         seconds[r.name] = loaded.train_seconds()
-    return write_report(workdir, runs, seconds, quick=quick, variant=tuple(gin_files) + tuple(gin_params))
+    downstream = score_downstream(workdir, [r for r in runs if r.recipe == "tau" and not r.replica], log)
+    return write_report(workdir, runs, seconds, quick=quick, variant=tuple(gin_files) + tuple(gin_params),
+                        downstream=downstream)
+
+
+def score_downstream(workdir: str, runs: list[DemoRun], log=print) -> dict[str, dict]:
+    """Each run's results file at its final checkpoint with the built-in task scored on DOWNSTREAM_DOCS
+    documents (scored now unless the file holds that score already), by run name."""
+    from celerity_jax.evaluate import builtin_task, harness, loader, results
+
+    out = {}
+    for r in runs:
+        run_dir = r.workdir(workdir)
+        path = results.result_path(run_dir, loader.saved_step(run_dir, None))
+        content = None
+        if os.path.isfile(path):
+            with open(path) as f:
+                content = json.load(f)
+        if (content or {}).get("tasks", {}).get(builtin_task.TASK_NAME, {}).get("docs") != DOWNSTREAM_DOCS:
+            log(f"\n== {r.name}: scoring the built-in task {builtin_task.TASK_NAME} ({DOWNSTREAM_DOCS} documents)")
+            content = harness.evaluate_checkpoint(run_dir, None, builtin_task.TASK_NAME, None, DOWNSTREAM_DOCS)
+        out[r.name] = content
+    return out
 
 
 def measure(runs: list[DemoRun], curves: dict, loss: str) -> tuple[dict, dict]:
@@ -124,10 +150,11 @@ def measure(runs: list[DemoRun], curves: dict, loss: str) -> tuple[dict, dict]:
 
 
 def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], quick: bool,
-                 variant: tuple[str, ...] = ()) -> dict:
+                 variant: tuple[str, ...] = (), downstream: dict[str, dict] | None = None) -> dict:
     """Collapse quality per recipe on the eval and the training curves, their ratios, the tau family's Δ/σ,
-    the figure and report.md; `seconds`: each run's training time by name. Returns the eval summary, with
-    the training-curve summary under "train"."""
+    the figure and report.md; `seconds`: each run's training time by name; `downstream`: the tau family's
+    results files (`score_downstream`), for the downstream table and frontier.png. Returns the eval summary,
+    with the training-curve summary under "train" and the downstream one under "downstream"."""
     from celerity_jax.collapse import compare, files
     from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
@@ -170,8 +197,12 @@ def write_report(workdir: str, runs: list[DemoRun], seconds: dict[str, float], q
                   "second seeds measure σ, the seed-to-seed spread, against Δ, the spread across sizes of the "
                   f"seed-mean curves (Qiu et al.'s supercollapse: Δ < σ). Earlier floor on the training curve: "
                   f"{SEED_NOISE_RESULTS}.", "", "![collapse](collapse.png)", ""]
+    downstream_summary = None
+    if downstream:
+        downstream_lines, downstream_summary = _downstream_report(workdir, downstream)
+        lines += downstream_lines
     write_text_atomic(os.path.join(workdir, "report.md"), "\n".join(lines))
-    summary = {"loss": "eval", **summary, "train": measured["train"][1]}
+    summary = {"loss": "eval", **summary, "train": measured["train"][1], "downstream": downstream_summary}
     write_json_atomic(os.path.join(workdir, "report.json"), summary)
     return summary
 
@@ -182,3 +213,34 @@ def _supercollapse_text(supercollapse: dict | None) -> str:
     met = "met" if supercollapse["ratio"] <= TARGET_DELTA_OVER_SIGMA else "NOT met"
     return (f"tau family Δ/σ = {supercollapse['delta']:.4f} / {supercollapse['sigma']:.4f} = "
             f"**{supercollapse['ratio']:.2f}** (target <= {TARGET_DELTA_OVER_SIGMA:g}: {met})")
+
+
+def _downstream_report(workdir: str, downstream: dict[str, dict]) -> tuple[list[str], dict]:
+    """The report's downstream section and summary: the tau family's built-in-task scores by size, whether they
+    rise with size, and frontier.png with the paper's form fitted to them (or why there is no fit)."""
+    from celerity_jax.evaluate import builtin_task, frontier, results
+
+    task = builtin_task.TASK_NAME
+    by_size = sorted(downstream.items(), key=lambda item: item[1]["n_params"])
+    scores = {name: c["tasks"][task] for name, c in by_size}
+    rows = [[name, f"{c['n_params']:,}", f"{c['train_flops']:.3g}", f"{100 * scores[name]['value']:.2f}",
+             f"{100 * scores[name]['stderr']:.2f}", scores[name]["docs"]] for name, c in by_size]
+    accs = [scores[name]["value"] for name, _ in by_size]
+    rising = all(a < b for a, b in zip(accs, accs[1:]))
+    lines = ["## Downstream: the built-in task", "",
+             f"The tau family's final checkpoints scored by `celerity eval --tasks {task}`: pick the true rest of a "
+             "held-out standard-library line among 4 (chance 25%), metric acc.", ""]
+    lines += markdown.table(["run", "N", "training FLOPs", "acc (%)", "stderr (%)", "documents"], rows)
+    by_n = ", ".join(f"{name.split('/')[1]} {100 * a:.2f}%" for (name, _), a in zip(by_size, accs))
+    lines += ["", f"- Larger sizes score higher: **{'yes' if rising else 'no'}** ({by_n}, in order of N)."]
+    points = frontier.load_points([results.result_path(c["workdir"], c["step"]) for _, c in by_size])
+    try:
+        fit = frontier.fit_frontier([p.flops for p in points], [p.accuracy for p in points])
+    except ConfigError as e:
+        lines += [f"- No frontier fit: {e}.", ""]
+        return lines, {"rising": rising, "scores": scores, "fit": None}
+    frontier.plot_frontier(points, frontier.load_published(), fit, os.path.join(workdir, "frontier.png"))
+    lines += [f"- The paper's form {frontier.FORM} fitted to them: k = {fit.k:.4g}, log10 C₀ = {fit.log10_c0:.4g}. "
+              "The paper's points (its seven tasks) are drawn on their own axis: a different measure.", "",
+              "![frontier](frontier.png)", ""]
+    return lines, {"rising": rising, "scores": scores, "fit": {"k": fit.k, "log10_c0": fit.log10_c0}}

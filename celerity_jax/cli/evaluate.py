@@ -104,19 +104,13 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ConfigError(f"--data-dir {args.data_dir} is not a directory; give the folder that holds "
                           "<task>/<split>.jsonl")
-    from celerity_jax.evaluate import harness, loader, results, tasks
+    from celerity_jax.evaluate import harness, results
 
-    task_manager = tasks.task_manager(stock=tasks.needs_stock_tasks(args.tasks))
-    specs = tasks.parse_tasks(args.tasks, task_manager.all_subtasks)
-    for spec in specs:  # every data file is checked before the model is loaded
-        tasks.harness_config(spec, args.data_dir, task_manager)
-    model = loader.load_model(args.workdir, args.step)
-    lm = harness.CelerityLM(model.cfg, model.params, model.mesh, model.tokenizer, args.batch_size)
-    scores = harness.run_tasks(lm, specs, args.data_dir, args.limit, task_manager)
-    content = results.record(args.workdir, model.step, model.plan, scores)
+    content = harness.evaluate_checkpoint(args.workdir, args.step, args.tasks, args.data_dir, args.limit,
+                                          args.batch_size)
     if options.emit_json(args.json, content):
         return 0
     print("\n".join(results.table(content)))
-    print(f"wrote {results.result_path(args.workdir, model.step)} and TensorBoard scalars downstream/* at step "
-          f"{model.step}")
+    print(f"wrote {results.result_path(args.workdir, content['step'])} and TensorBoard scalars downstream/* at step "
+          f"{content['step']}")
     return 0

@@ -22,10 +22,10 @@ import numpy as np
 
 from celerity_jax import markdown
 from celerity_jax.errors import ConfigError
+from celerity_jax.evaluate.results import DOWNSTREAM_DIR
 from celerity_jax.fileio import check_input_file
 
 PUBLISHED_FILE = "published_points.json"
-DOWNSTREAM_DIR = "downstream"  # a run directory's results: downstream/step_<S>.json
 RESULT_NAME = re.compile(r"step_(\d+)\.json")
 SCHEMA_FIX = ("give a result JSON written by `celerity eval` (with n_params, tokens, train_flops, tasks and, "
               "for 2 tasks or more, average)")

@@ -122,7 +122,7 @@ def run_tasks(lm: CelerityLM, specs: list[tasks.TaskSpec], data_dir: str | None,
     for name in ("lm-eval", "lm_eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
     task_manager = task_manager or tasks.task_manager()
-    configs = [tasks.harness_config(s, data_dir, task_manager) for s in specs]
+    configs = [tasks.harness_config(s, data_dir, task_manager, limit) for s in specs]
     built = task_manager.load(configs)["tasks"]
     out = {}
     for s in specs:  # one at a time, to count each task's truncated requests
@@ -142,3 +142,19 @@ def _number(x) -> float | None:
         return float(x)
     except (TypeError, ValueError):
         return None  # the harness writes "N/A" where it has no stderr
+
+
+def evaluate_checkpoint(workdir: str, step: int | None, task_text: str, data_dir: str | None, limit: int | None,
+                        batch_size: int = 16) -> dict:
+    """`celerity eval`: the run's checkpoint at `step` (default: the newest) scored on the tasks `task_text` names,
+    every data file checked before the model is loaded; returns the step's results file (evaluate/results.py)
+    with the scores added."""
+    from celerity_jax.evaluate import loader, results
+
+    task_manager = tasks.task_manager(stock=tasks.needs_stock_tasks(task_text))
+    specs = tasks.parse_tasks(task_text, task_manager.all_subtasks)
+    for spec in specs:
+        tasks.harness_config(spec, data_dir, task_manager)
+    model = loader.load_model(workdir, step)
+    lm = CelerityLM(model.cfg, model.params, model.mesh, model.tokenizer, batch_size)
+    return results.record(workdir, model.step, model.plan, run_tasks(lm, specs, data_dir, limit, task_manager))

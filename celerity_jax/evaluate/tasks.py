@@ -128,11 +128,12 @@ def _check_documents(path: str, fields: tuple[str, ...], expected: str) -> None:
         raise ConfigError(f"{path} is empty; it must hold {expected}")
 
 
-def harness_config(spec: TaskSpec, data_dir: str | None, task_manager) -> dict:
+def harness_config(spec: TaskSpec, data_dir: str | None, task_manager, limit: int | None = None) -> dict:
     """The task config the harness builds the task from: the stock config with its data pointed at local files,
-    or the built-in task's."""
+    or the built-in task's (with `limit` documents, when more than its default)."""
     if spec.name == builtin_task.TASK_NAME:
-        return {**builtin_task.task_config(), "num_fewshot": spec.shots}
+        n_docs = max(limit or 0, builtin_task.DEFAULT_DOCS)
+        return {**builtin_task.task_config(n_docs), "num_fewshot": spec.shots}
     from lm_eval.tasks._yaml_loader import load_yaml
 
     stock = load_yaml(task_manager.task_index[spec.name].yaml_path, resolve_func=True)

@@ -75,7 +75,7 @@ def bench_scoring(cfg, params, mesh, args, rng) -> dict:
     requests = multiple_choice(args.contexts, cfg.vocab_size - 1, rng)
     scorer = scoring.Scorer(cfg, params, mesh, args.batch)
     scorer.score(requests)  # compiles every bucketed length
-    stats = scorer.stats
+    stats = dataclasses.replace(scorer.stats)  # one pass's counts (the scorer's own keep adding up)
     mean_len = stats.real_tokens / len(requests)
     seq_len = sampler.bucket_length(round(mean_len), cfg.max_seq_len)
     tokens_BxL = jnp.asarray(rng.integers(0, cfg.vocab_size, (scorer.batch_size, seq_len)), jnp.int32)

@@ -71,3 +71,28 @@ def test_report_measures_each_recipe_their_ratio_and_the_seed_noise(tmp_path):
     assert "Layered on every run: RecipeConfig.decay_convention = 'width_scaled'." in report
     assert demo.SEED_NOISE_RESULTS in report and os.path.isfile(os.path.join(ROOT, demo.SEED_NOISE_RESULTS))
     assert (tmp_path / "collapse.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("accuracies, rising", [((0.30, 0.34, 0.41), True), ((0.30, 0.29, 0.28), False)])
+def test_report_scores_the_family_downstream_and_says_whether_larger_sizes_score_higher(tmp_path, accuracies,
+                                                                                        rising):
+    from celerity_jax.evaluate import builtin_task, results
+
+    runs, downstream = [], {}
+    for i, size in enumerate(demo.SIZES):
+        runs += [demo.DemoRun("tau", size, (), ()), demo.DemoRun("naive", size, (), ())]
+        _fake_run(tmp_path / "tau" / size, 0.5, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3)
+        _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
+        plan = {"batch_tokens": 64, "steps": 400, "n_params": 100_000 * (i + 1), "flops_per_token": 6e5 * (i + 1)}
+        score = {"metric": "acc", "value": accuracies[i], "stderr": 0.01, "docs": 1000, "shots": 0, "truncated": 0}
+        downstream[f"tau/{size}"] = results.record(str(tmp_path / "tau" / size), 400, plan,
+                                                   {builtin_task.TASK_NAME: score}, write_tensorboard=False)
+    summary = demo.write_report(str(tmp_path), runs, {}, quick=True, downstream=downstream)
+    report = (tmp_path / "report.md").read_text()
+    assert summary["downstream"]["rising"] is rising
+    assert f"Larger sizes score higher: **{'yes' if rising else 'no'}** (d48 30.00%" in report
+    assert "| tau/d80 | 300,000 |" in report
+    if rising:
+        assert summary["downstream"]["fit"]["k"] > 0 and (tmp_path / "frontier.png").stat().st_size > 10_000
+    else:
+        assert "No frontier fit" in report and not (tmp_path / "frontier.png").exists()

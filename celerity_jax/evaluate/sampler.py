@@ -69,6 +69,9 @@ class Decoder:
     def __init__(self, cfg: ModelConfig, params, mesh: jax.sharding.Mesh):
         self.cfg, self.params, self.mesh = cfg, params, mesh
         self.shards = sharding.data_shards(mesh)
+        cache_sh = NamedSharding(mesh, P(None, sharding.BATCH_AXES))  # [layers, rows, ...]: rows as the batch
+        self._empty_cache = jax.jit(functools.partial(transformer.init_cache, cfg), static_argnums=(0, 1),
+                                    out_shardings=transformer.KVCache(cache_sh, cache_sh))
 
     def padded_rows(self, rows: int) -> int:
         return -(-rows // self.shards) * self.shards
@@ -78,10 +81,7 @@ class Decoder:
         return jax.device_put(x, NamedSharding(self.mesh, spec))
 
     def new_cache(self, rows: int, slots: int) -> transformer.KVCache:
-        shape = (self.cfg.n_layers, rows, slots, self.cfg.n_heads, self.cfg.head_dim)
-        spec = NamedSharding(self.mesh, P(None, sharding.BATCH_AXES))
-        zeros = jax.jit(lambda: jnp.zeros(shape, self.cfg.dtype), out_shardings=spec)
-        return transformer.KVCache(zeros(), zeros())
+        return self._empty_cache(rows, slots)
 
     def step(self, cache, tokens_BxL: np.ndarray, start_B: np.ndarray, last_B: np.ndarray, key, temperature: float,
              top_p: float):

@@ -1,0 +1,200 @@
+"""CelerityForCausalLM: an exported Celerity model in plain torch, for transformers with trust_remote_code=True.
+
+A pre-norm decoder: x ← x + Attn(Norm x); x ← x + MLP(Norm x); logits = Norm(x) · lm_headᵀ. Every CompleteP
+multiplier is folded into the weights by the export, so nothing here scales by anything but the attention's
+1/sqrt(head_dim). Covers every architecture celerity_jax's ModelConfig expresses: ALiBi, RoPE (the two halves
+rotated) or learned positions; LayerNorm or RMSNorm; squared-ReLU, SwiGLU, GELU or tanh-GELU MLPs; with or
+without biases. Norms, scores and softmax run in float32, as in celerity_jax.
+
+Shapes: B batch, L new tokens, S cached + new tokens, D hidden, H heads, K head_dim, F MLP width, V vocab.
+Keys and values go into transformers' Cache (`past_key_values`), so `generate()` decodes with a KV cache; ALiBi
+biases and the causal mask are taken over cache slots, and a 2D attention_mask (padding) removes slots.
+"""
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_celerity import CelerityConfig
+
+_MASKED = -1e30  # as celerity_jax: finite, so a query with every slot masked gets no NaN
+
+ACTIVATIONS = {
+    "squared_relu": lambda h: torch.square(torch.relu(h)),
+    "gelu": lambda h: nn.functional.gelu(h),
+    "gelu_tanh": lambda h: nn.functional.gelu(h, approximate="tanh"),
+}
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """2^(−8k/n) for a power of two n; otherwise those of the lower power of two, then every other slope of the
+    next one (celerity_jax.model.positions.alibi_slopes)."""
+    def geometric(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * (k + 1) / n) for k in range(n)]
+
+    low = 2 ** math.floor(math.log2(n_heads))
+    return geometric(low) + geometric(2 * low)[0::2][: n_heads - low]
+
+
+def rotate(x_BxHxLxK, cos_Bx1xLxK, sin_Bx1xLxK):
+    """RoPE on the two halves of each head's features."""
+    x1, x2 = x_BxHxLxK.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos_Bx1xLxK - x2 * sin_Bx1xLxK, x1 * sin_Bx1xLxK + x2 * cos_Bx1xLxK], dim=-1)
+    return out.to(x_BxHxLxK.dtype)
+
+
+class Norm(nn.Module):
+    def __init__(self, config: CelerityConfig):
+        super().__init__()
+        self.layernorm, self.eps = config.norm == "layernorm", config.norm_eps
+        self.weight = nn.Parameter(torch.ones(config.hidden_size))
+        self.bias = nn.Parameter(torch.zeros(config.hidden_size)) if self.layernorm and config.use_bias else None
+
+    def forward(self, x_BxLxD):
+        h = x_BxLxD.float()
+        if self.layernorm:
+            h = h - h.mean(-1, keepdim=True)
+        h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        if self.bias is not None:
+            h = h + self.bias.float()
+        return h.to(x_BxLxD.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: CelerityConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, self.n_heads, self.head_dim = layer_idx, config.num_attention_heads, config.head_dim
+        inner, d, bias = config.num_attention_heads * config.head_dim, config.hidden_size, config.use_bias
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, inner, bias=bias) for _ in range(3))
+        self.o_proj = nn.Linear(inner, d, bias=bias)
+
+    def forward(self, x_BxLxD, bias_BxHxLxS, rope, past_key_values):
+        b, l, _ = x_BxLxD.shape
+        heads = lambda t: t.view(b, l, self.n_heads, self.head_dim).transpose(1, 2)  # noqa: E731
+        q, k, v = heads(self.q_proj(x_BxLxD)), heads(self.k_proj(x_BxLxD)), heads(self.v_proj(x_BxLxD))
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        scores_BxHxLxS = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.head_dim**-0.5 + bias_BxHxLxS
+        probs_BxHxLxS = torch.softmax(scores_BxHxLxS, dim=-1).to(v.dtype)
+        out_BxLxD = torch.matmul(probs_BxHxLxS, v).transpose(1, 2).reshape(b, l, -1)
+        return self.o_proj(out_BxLxD)
+
+
+class Mlp(nn.Module):
+    def __init__(self, config: CelerityConfig):
+        super().__init__()
+        d, f, bias = config.hidden_size, config.intermediate_size, config.use_bias
+        self.gated = config.mlp == "swiglu"
+        self.up_proj = nn.Linear(d, f, bias=bias)
+        self.gate_proj = nn.Linear(d, f, bias=bias) if self.gated else None
+        self.act = nn.functional.silu if self.gated else ACTIVATIONS[config.mlp]
+        self.down_proj = nn.Linear(f, d, bias=bias)
+
+    def forward(self, x_BxLxD):
+        h_BxLxF = self.up_proj(x_BxLxD)
+        h_BxLxF = self.act(self.gate_proj(x_BxLxD)) * h_BxLxF if self.gated else self.act(h_BxLxF)
+        return self.down_proj(h_BxLxF)
+
+
+class Block(nn.Module):
+    def __init__(self, config: CelerityConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm, self.attn = Norm(config), Attention(config, layer_idx)
+        self.mlp_norm, self.mlp = Norm(config), Mlp(config)
+
+    def forward(self, x_BxLxD, bias_BxHxLxS, rope, past_key_values):
+        x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), bias_BxHxLxS, rope, past_key_values)
+        return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+
+
+class CelerityPreTrainedModel(PreTrainedModel):
+    config_class = CelerityConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+
+    def _init_weights(self, module):
+        # from_pretrained overwrites every weight; a fresh model starts from small normal matrices, unit norms
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, Norm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
+class CelerityModel(CelerityPreTrainedModel):
+    def __init__(self, config: CelerityConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.positions == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.norm = Norm(config)
+        k = config.head_dim
+        self.register_buffer("slopes_H", torch.tensor(alibi_slopes(config.num_attention_heads)), persistent=False)
+        self.register_buffer("inv_freq_K2", config.rope_theta ** (-torch.arange(0, k, 2, dtype=torch.float32) / k),
+                             persistent=False)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
+        b, l = input_ids.shape
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + l, device=input_ids.device)[None].expand(b, l)
+        x_BxLxD = self.embed_tokens(input_ids)
+        if self.config.positions == "learned":
+            x_BxLxD = x_BxLxD + self.embed_positions(position_ids)
+        rope = None
+        if self.config.positions == "rope":
+            angle_BxLxK2 = position_ids.float()[..., None] * self.inv_freq_K2
+            rope = (angle_BxLxK2.cos()[:, None], angle_BxLxK2.sin()[:, None])
+        bias_BxHxLxS = self._score_bias(b, l, past, attention_mask, input_ids.device)
+        for block in self.layers:
+            x_BxLxD = block(x_BxLxD, bias_BxHxLxS, rope, past_key_values)
+        return self.norm(x_BxLxD)
+
+    def _score_bias(self, b: int, l: int, past: int, attention_mask, device):
+        """Float32 bias_BxHxLxS on the scores: ALiBi's −slope·(i − j) (or 0) where slot j is visible to query i
+        (j ≤ i and not padding), masked elsewhere."""
+        query_L = torch.arange(past, past + l, device=device)
+        dist_LxS = query_L[:, None] - torch.arange(past + l, device=device)[None, :]
+        visible_BxLxS = (dist_LxS >= 0)[None].expand(b, l, past + l)
+        if attention_mask is not None:
+            visible_BxLxS = visible_BxLxS & attention_mask[:, None, -(past + l):].bool()
+        bias_1xHxLxS = torch.zeros(1, 1, l, past + l, device=device)
+        if self.config.positions == "alibi":
+            bias_1xHxLxS = -self.slopes_H[None, :, None, None] * dist_LxS.float()[None, None]
+        return torch.where(visible_BxLxS[:, None], bias_1xHxLxS, torch.tensor(_MASKED, device=device))
+
+
+class CelerityForCausalLM(CelerityPreTrainedModel, GenerationMixin):
+    def __init__(self, config: CelerityConfig):
+        super().__init__(config)
+        self.model = CelerityModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, labels=None,
+                use_cache=None, logits_to_keep=0, **kwargs):
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        x_BxLxD = self.model(input_ids, attention_mask, position_ids, past_key_values)
+        logits_BxLxV = self.lm_head(x_BxLxD[:, -logits_to_keep:] if logits_to_keep else x_BxLxD).float()
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits_BxLxV, labels=labels, vocab_size=self.config.vocab_size)
+        return CausalLMOutputWithPast(loss=loss, logits=logits_BxLxV, past_key_values=past_key_values)

@@ -217,13 +217,15 @@ def main() -> int:
           f"({statistics.median(g['generate_s']):.2f} s)")
     print(f"  {'full recompute per token':<28s} {g['recompute_new_tokens_per_s']:9.0f} new tokens/s "
           f"({g['recompute_s']:.2f} s)")
-    print(f"  speedup {g['speedup']:.1f}×; greedy tokens agree: {g['all_agree']} ({g['rows_agree']}/{g['prompts']} rows)")
+    print(f"  speedup {g['speedup']:.1f}×; greedy tokens agree: {g['all_agree']} "
+          f"({g['rows_agree']}/{g['prompts']} rows)")
 
     goals = {"scoring": s["ratio"] >= SCORING_GOAL and s["real_share"] >= REAL_SHARE_GOAL,
              "sampling": g["speedup"] >= SPEEDUP_GOAL}
     print(f"goal: scoring ≥ {100 * SCORING_GOAL:.0f}% of the forward with ≥ {100 * REAL_SHARE_GOAL:.0f}% real "
           f"tokens: {'met' if goals['scoring'] else 'missed'}")
-    print(f"goal: cached decoding ≥ {SPEEDUP_GOAL:.0f}× the full recompute: {'met' if goals['sampling'] else 'missed'}")
+    print(f"goal: cached decoding ≥ {SPEEDUP_GOAL:.0f}× the full recompute: "
+          f"{'met' if goals['sampling'] else 'missed'}")
     load = os.getloadavg()[0]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, {"machine": machine, "load_average": load, "args": vars(args), "model": model,

@@ -1,0 +1,126 @@
+"""The CompleteP forward multipliers folded into the parameters (export) and taken out again (import).
+
+Our forward multiplies the embedding output by α_input, each residual branch by m_L^−α, the logits by α_output/m_d
+and the scores by the attention scale; a stock decoder multiplies by nothing but 1/sqrt(head_dim). Each multiplier
+c goes into the parameters that feed it linearly:
+
+| leaf                                   | c                                  |
+|----------------------------------------|------------------------------------|
+| embed, pos_embed (added before α_input) | α_input                            |
+| attn q kernel and bias                 | attention scale · sqrt(head_dim)   |
+| attn o, mlp down: kernels and biases   | m_L^−α                             |
+| unembed (embed.T when tied)            | α_output / m_d                     |
+RoPE rotates q linearly, so the q factor commutes with it.
+
+A fold is computed in float64 and rounded once: y = fl32(x·c). The unfold divides (in float64) and then searches
+the neighbouring float32 values for one whose fold gives y back, so x comes back bit for bit wherever the fold is
+injective (c a power of two, or x's mantissa in the part of its binade that c does not push into the next one).
+Elsewhere two float32 values can fold to the same y; the unfold then picks the candidate nearest y/c, which is
+off by one ulp for about half of those values, and no reader of y alone can do better.
+"""
+
+import math
+
+import numpy as np
+
+from celerity_jax.model import completep
+from celerity_jax.model.config import ModelConfig
+
+# Neighbours of fl32(y/c) that the unfold tries, in ulps, nearest first.
+_SEARCH_ULPS = (0, 1, -1, 2, -2)
+
+
+def constants(cfg: ModelConfig) -> dict[str, float]:
+    """The float64 factor folded into each kind of leaf: input, query, residual, output."""
+    mult = completep.forward_multipliers(cfg)
+    return {"input": mult["input"], "query": mult["attention"] * math.sqrt(cfg.head_dim),
+            "residual": mult["residual"], "output": mult["output"]}
+
+
+def leaf_factor(cfg: ModelConfig, path: str) -> float:
+    """The factor folded into the leaf at `path` ("block_0/attn/q/kernel", ..., "unembed")."""
+    c = constants(cfg)
+    keys = path.split("/")
+    if keys[0] in ("embed", "pos_embed"):
+        return c["input"]
+    if keys[0] == "unembed":
+        return c["output"]
+    if keys[0].startswith("block_") and keys[1:3] == ["attn", "q"]:
+        return c["query"]
+    if keys[0].startswith("block_") and keys[1:3] in (["attn", "o"], ["mlp", "down"]):
+        return c["residual"]
+    return 1.0
+
+
+def flatten(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    """{"block_0/attn/q/kernel": float32 array, ...} of an (unscanned) parameter tree."""
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = np.asarray(value, np.float32)
+    return out
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split("/")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def fold_array(x: np.ndarray, c: float) -> np.ndarray:
+    """fl32(x·c), the product taken in float64."""
+    return x if c == 1.0 else (x.astype(np.float64) * c).astype(np.float32)
+
+
+def fold(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    """Flat float32 leaves with every multiplier folded in, and always an `unembed` (the embedding, when tied)."""
+    flat = flatten(params)
+    if cfg.tie_embeddings:
+        flat["unembed"] = flat["embed"].T
+    return {path: fold_array(x, leaf_factor(cfg, path)) for path, x in flat.items()}
+
+
+def unfold_array(stored: list[tuple[np.ndarray, float]]) -> np.ndarray:
+    """The float32 x whose folds x·c give every (y, c) in `stored` (several for a tied embedding); where none does
+    (a bfloat16 export, or weights changed after the export), fl32(y/c) of the first."""
+    y0, c0 = stored[0]
+    y0 = y0.astype(np.float32)
+    if all(c == 1.0 for _, c in stored):
+        return y0
+    x0 = (y0.astype(np.float64) / c0).astype(np.float32)
+    chosen, found = x0.copy(), np.zeros(x0.shape, bool)
+    for ulps in _SEARCH_ULPS:
+        candidate = _step_ulps(x0, ulps)
+        fits = ~found
+        for y, c in stored:
+            fits &= fold_array(candidate, c) == y.astype(np.float32)
+        chosen[fits] = candidate[fits]
+        found |= fits
+    return chosen
+
+
+def unfold(cfg: ModelConfig, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The flat parameters of `cfg` from folded leaves (an `unembed` among them is optional when tied)."""
+    out = {}
+    for path, y in folded.items():
+        if path == "unembed" and cfg.tie_embeddings:
+            continue
+        stored = [(y, leaf_factor(cfg, path))]
+        if path == "embed" and cfg.tie_embeddings and "unembed" in folded:
+            stored.append((folded["unembed"].T, leaf_factor(cfg, "unembed")))
+        out[path] = unfold_array(stored)
+    return out
+
+
+def _step_ulps(x: np.ndarray, ulps: int) -> np.ndarray:
+    toward = np.float32(np.inf if ulps > 0 else -np.inf)
+    for _ in range(abs(ulps)):
+        x = np.nextafter(x, toward)
+    return x

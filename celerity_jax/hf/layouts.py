@@ -1,0 +1,184 @@
+"""Which transformers class holds a ModelConfig, its config.json, and the names and layouts of its tensors.
+
+- RoPE + RMSNorm + SwiGLU → `LlamaForCausalLM` (rotate_half is our two-halves RoPE; down(silu(gate)·up); RMSNorm
+  without bias; biases on every projection or none: attention_bias = mlp_bias = use_bias).
+- RoPE + LayerNorm + an ungated MLP → `GPTNeoXForCausalLM` with rotary on the whole head, sequential residuals,
+  the fused head-major q|k|v projection; its LayerNorms and MLP always have biases, zero without use_bias.
+- everything else (ALiBi, learned positions, the other combinations) → `CelerityForCausalLM`, shipped beside the
+  weights (`modeling_celerity.py`, trust_remote_code=True).
+All three scale scores by 1/sqrt(head_dim) and hold an untied lm_head: the multipliers are folded first (fold.py).
+Flax Dense kernels are [in, out], torch Linear weights [out, in]; our unembed is [D, V], lm_head.weight [V, D].
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import completep, transformer
+from celerity_jax.model.config import ModelConfig
+
+CLASSES = {"llama": "LlamaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "celerity": "CelerityForCausalLM"}
+# transformers' activation names (ACT2FN) of our ungated MLPs.
+HF_ACTIVATIONS = {"squared_relu": "relu2", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+# What each architecture field may hold for the export to be exact; an option added to ModelConfig later is refused
+# until the export learns it.
+EXPORTABLE = {"norm": ("layernorm", "rmsnorm"), "mlp": ("squared_relu", "swiglu", "gelu", "gelu_tanh"),
+              "positions": ("alibi", "rope", "learned")}
+# ModelConfig fields that change no computed value of float32 inference (how it runs, not what).
+EXECUTION_FIELDS = ("compute_dtype", "attention_impl", "dense_backward", "logits_chunk_len", "scan_layers", "remat")
+# Fields the export reads (into the multipliers, the config.json or the shapes).
+ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
+                       "norm_eps", "mlp", "mlp_ratio", "positions", "rope_theta", "tie_embeddings", "use_bias",
+                       "parametrization", "depth_alpha", "d_base", "n_layers_base", "sigma_base", "alpha_input",
+                       "alpha_output")
+
+
+def architecture(cfg: ModelConfig) -> str:
+    """"llama", "gpt_neox" or "celerity"; ConfigError for a model the export cannot reproduce exactly."""
+    for name, allowed in EXPORTABLE.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"ModelConfig.{name}={getattr(cfg, name)!r} has no exact Hugging Face export (it knows "
+                              f"{', '.join(allowed)}); export a model with one of those")
+    unknown = [f.name for f in dataclasses.fields(cfg)
+               if f.name not in ARCHITECTURE_FIELDS + EXECUTION_FIELDS and getattr(cfg, f.name) != f.default]
+    if unknown:
+        raise ConfigError(f"ModelConfig.{unknown[0]}={getattr(cfg, unknown[0])!r} is not known to the Hugging Face "
+                          "export, which would drop it; export a model that leaves it at its default")
+    if cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu":
+        return "llama"
+    if cfg.positions == "rope" and cfg.norm == "layernorm" and cfg.mlp != "swiglu":
+        return "gpt_neox"
+    return "celerity"
+
+
+def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
+    """config.json of the export (without the celerity_* keys)."""
+    common = {"architectures": [CLASSES[arch]], "model_type": arch, "vocab_size": cfg.vocab_size,
+              "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+              "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
+              "tie_word_embeddings": False, "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": dtype,
+              "use_cache": True}
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if arch == "llama":
+        return {**common, "num_key_value_heads": cfg.n_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+                "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_parameters": rope,
+                "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias, "attention_dropout": 0.0,
+                "pretraining_tp": 1}
+    if arch == "gpt_neox":
+        return {**common, "hidden_act": HF_ACTIVATIONS[cfg.mlp], "layer_norm_eps": cfg.norm_eps,
+                "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": cfg.rope_theta,
+                "rope_parameters": {**rope, "partial_rotary_factor": 1.0}, "attention_bias": cfg.use_bias,
+                "attention_dropout": 0.0, "hidden_dropout": 0.0}
+    return {**common, "head_dim": cfg.head_dim, "norm": cfg.norm, "norm_eps": cfg.norm_eps, "mlp": cfg.mlp,
+            "positions": cfg.positions, "rope_theta": cfg.rope_theta, "use_bias": cfg.use_bias,
+            "auto_map": {"AutoConfig": "configuration_celerity.CelerityConfig",
+                         "AutoModelForCausalLM": "modeling_celerity.CelerityForCausalLM"}}
+
+
+def _names(cfg: ModelConfig, arch: str) -> list[tuple[str, str, bool]]:
+    """(our flat path, HF tensor name, transposed) of every tensor but GPT-NeoX's fused q|k|v, whether or not the
+    model holds it (biases)."""
+    if arch == "gpt_neox":
+        top, layer = "gpt_neox.", "gpt_neox.layers.{i}."
+        embed, final = "embed_in", "final_layer_norm"
+        parts = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn/o": "attention.dense",
+                 "mlp/up": "mlp.dense_h_to_4h", "mlp/down": "mlp.dense_4h_to_h"}
+    else:
+        top, layer = "model.", "model.layers.{i}."
+        embed, final = "embed_tokens", "norm"
+        llama = arch == "llama"
+        parts = {"attn_norm": "input_layernorm" if llama else "attn_norm",
+                 "mlp_norm": "post_attention_layernorm" if llama else "mlp_norm",
+                 **{f"attn/{p}": f"{'self_attn' if llama else 'attn'}.{p}_proj" for p in "qkvo"},
+                 **{f"mlp/{p}": f"mlp.{p}_proj" for p in ("up", "gate", "down")}}
+    names = [("embed", f"{top}{embed}.weight", False), ("unembed", "lm_head.weight", True),
+             ("final_norm/scale", f"{top}{final}.weight", False), ("final_norm/bias", f"{top}{final}.bias", False)]
+    if arch == "celerity":
+        names.append(("pos_embed", "model.embed_positions.weight", False))
+    for i in range(cfg.n_layers):
+        for ours, theirs in parts.items():
+            is_norm = ours.endswith("_norm")
+            names.append((f"block_{i}/{ours}/{'scale' if is_norm else 'kernel'}",
+                          f"{layer.format(i=i)}{theirs}.weight", not is_norm))
+            names.append((f"block_{i}/{ours}/bias", f"{layer.format(i=i)}{theirs}.bias", False))
+    return names
+
+
+def _always_biased(arch: str, path: str) -> bool:
+    """GPT-NeoX's tensors that exist whatever use_bias is: its LayerNorm and MLP biases."""
+    return arch == "gpt_neox" and path.endswith("/bias") and "/attn/" not in path
+
+
+def to_hf(cfg: ModelConfig, arch: str, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The HF tensors of folded flat leaves (fold.fold's)."""
+    out = {}
+    for path, name, transposed in _names(cfg, arch):
+        if path in folded:
+            out[name] = np.ascontiguousarray(folded[path].T if transposed else folded[path])
+        elif _always_biased(arch, path):
+            out[name] = np.zeros(_bias_width(cfg, path), np.float32)
+    if arch == "gpt_neox":
+        h, k, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        for i in range(cfg.n_layers):
+            attn, name = f"block_{i}/attn", f"gpt_neox.layers.{i}.attention.query_key_value"
+            w_Hx3xKxD = np.stack([folded[f"{attn}/{p}/kernel"].T.reshape(h, k, d) for p in "qkv"], axis=1)
+            out[f"{name}.weight"] = w_Hx3xKxD.reshape(3 * h * k, d)
+            if cfg.use_bias:
+                out[f"{name}.bias"] = np.stack([folded[f"{attn}/{p}/bias"].reshape(h, k) for p in "qkv"],
+                                               axis=1).reshape(3 * h * k)
+    return out
+
+
+def expected_shapes(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor name the export of `cfg` writes, with its shape (nothing allocated)."""
+    unscanned = dataclasses.replace(cfg, scan_layers=False)
+    abstract = jax.eval_shape(lambda: transformer.init_params(unscanned, jax.random.key(0)))
+    ours = {"/".join(completep.path_keys(path)): x.shape
+            for path, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    if cfg.tie_embeddings:
+        ours["unembed"] = ours["embed"][::-1]
+    shapes = {}
+    for path, name, transposed in _names(cfg, arch):
+        if path in ours:
+            shapes[name] = ours[path][::-1] if transposed else ours[path]
+        elif _always_biased(arch, path):
+            shapes[name] = (_bias_width(cfg, path),)
+    if arch == "gpt_neox":
+        for i in range(cfg.n_layers):
+            name = f"gpt_neox.layers.{i}.attention.query_key_value"
+            shapes[f"{name}.weight"] = (3 * cfg.d_model, cfg.d_model)
+            if cfg.use_bias:
+                shapes[f"{name}.bias"] = (3 * cfg.d_model,)
+    return shapes
+
+
+def _bias_width(cfg: ModelConfig, path: str) -> int:
+    return cfg.d_ff if path.endswith("mlp/up/bias") else cfg.d_model
+
+
+def from_hf(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Folded flat leaves from HF tensors already checked against `expected_shapes`. GPT-NeoX's bias tensors that
+    `cfg` has no place for must be zero; a tied model's lm_head may be absent."""
+    folded = {}
+    for path, name, transposed in _names(cfg, arch):
+        if name not in tensors:
+            continue
+        if _always_biased(arch, path) and not cfg.use_bias:
+            if np.any(np.asarray(tensors[name], np.float32)):
+                raise ConfigError(f"tensor {name} holds nonzero biases but the model has no attention biases "
+                                  "(attention_bias false); a model with biases on some projections only has no "
+                                  "ModelConfig")
+            continue
+        folded[path] = np.asarray(tensors[name]).T if transposed else np.asarray(tensors[name])
+    if arch == "gpt_neox":
+        h, k, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        for i in range(cfg.n_layers):
+            attn, name = f"block_{i}/attn", f"gpt_neox.layers.{i}.attention.query_key_value"
+            w_Hx3xKxD = np.asarray(tensors[f"{name}.weight"]).reshape(h, 3, k, d)
+            for j, p in enumerate("qkv"):
+                folded[f"{attn}/{p}/kernel"] = w_Hx3xKxD[:, j].reshape(h * k, d).T
+                if cfg.use_bias:
+                    folded[f"{attn}/{p}/bias"] = np.asarray(tensors[f"{name}.bias"]).reshape(h, 3, k)[:, j].reshape(h * k)
+    return folded

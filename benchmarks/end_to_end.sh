@@ -76,7 +76,8 @@ last_line() { tail -n 1 "$1" 2>/dev/null | cut -c1-300; }
 finish() {  # on any exit: gather every result there is into $OUT/end_to_end.json, print the summary
     local rc=$?
     trap - EXIT
-    for p in ${pid:-} ${compile_pid:-}; do kill -KILL "$p" 2>/dev/null || true; done  # nothing left running
+    local p
+    for p in ${pid:-} ${compile_pid:-}; do kill -KILL "$p" 2>/dev/null || true; done  # ours, still running
     [ "$rc" -eq 0 ] || [ -s "$WORK/failures.txt" ] || echo "end_to_end: stopped (exit $rc) before its checks ended" >>"$WORK/failures.txt"
     "$PY" - "$WORK" "$OUT/end_to_end.json" "$MODE" "$TOPOLOGY" <<'EOF' || echo "end_to_end: FAILED: could not write $OUT/end_to_end.json" >&2
 import json, os, sys
@@ -250,6 +251,7 @@ while [ ! -e "$committed" ]; do
     if ! kill -0 "$pid" 2>/dev/null || [ "$SECONDS" -gt "$deadline" ]; then
         kill -KILL "$pid" 2>/dev/null || true
         { wait "$pid"; } 2>/dev/null || true
+        pid=""
         die "the run to be killed never committed its checkpoint at step $CHECKPOINT: $(last_line "$WORK/killed.log")"
     fi
     sleep 0.05
@@ -257,6 +259,7 @@ done
 kill -KILL "$pid"
 rc=0
 { wait "$pid"; } 2>/dev/null || rc=$?  # (bash's "Killed" job notice is expected here)
+pid=""
 [ "$rc" -eq 137 ] || die "the run to be killed mid-run ended by itself first (exit $rc); its plan is too short to kill"
 seconds train_killed "$start"
 start=$EPOCHREALTIME
@@ -344,6 +347,7 @@ if [ -n "$compile_pid" ]; then
     start=$EPOCHREALTIME
     rc=0
     wait "$compile_pid" || rc=$?
+    compile_pid=""
     seconds compile_wait "$start"
     case "$rc" in
         0) ;;

@@ -84,6 +84,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES, None))
 
 
+def kv_cache_sharding(mesh: Mesh) -> NamedSharding:
+    """A KV cache [layers, rows, slots, heads, head_dim]: its rows split as the batch is."""
+    return NamedSharding(mesh, P(None, BATCH_AXES))
+
+
 def constrain_batch(x):
     """Keeps an activation's leading (batch) axis split over the batch axes of the mesh being traced under
     (`jax.set_mesh`); unchanged without one. Without it XLA may lay activations out like the FSDP-sharded

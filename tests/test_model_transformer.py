@@ -199,3 +199,16 @@ def test_gelu_and_its_tanh_approximation_are_distinct_models():
     approx = transformer.apply(_cfg(mlp="gelu_tanh"), params, tokens)
     assert not np.allclose(exact, approx, rtol=0, atol=1e-7)
     np.testing.assert_allclose(exact, approx, rtol=1e-2, atol=1e-3)
+
+
+def test_unstacked_layers_compute_what_the_scanned_ones_do():
+    scanned = ModelConfig(n_layers=3, d_model=32, n_heads=2, head_dim=16, vocab_size=64, max_seq_len=16, d_base=32,
+                          n_layers_base=2, scan_layers=True)
+    params = transformer.init_params(scanned, jax.random.key(0))
+    cfg, unstacked = transformer.unstack_layers(scanned, params)
+    assert not cfg.scan_layers and sorted(k for k in unstacked if k.startswith("block")) == [
+        "block_0", "block_1", "block_2"]
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, 64)
+    np.testing.assert_allclose(transformer.apply(cfg, unstacked, tokens), transformer.apply(scanned, params, tokens),
+                               rtol=1e-5, atol=1e-5)
+    assert transformer.unstack_layers(cfg, unstacked) == (cfg, unstacked)

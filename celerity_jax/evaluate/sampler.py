@@ -15,7 +15,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from celerity_jax import sharding
 from celerity_jax.model import transformer
@@ -69,7 +68,7 @@ class Decoder:
     def __init__(self, cfg: ModelConfig, params, mesh: jax.sharding.Mesh):
         self.cfg, self.params, self.mesh = cfg, params, mesh
         self.shards = sharding.data_shards(mesh)
-        cache_sh = NamedSharding(mesh, P(None, sharding.BATCH_AXES))  # [layers, rows, ...]: rows as the batch
+        cache_sh = sharding.kv_cache_sharding(mesh)
         self._empty_cache = jax.jit(functools.partial(transformer.init_cache, cfg), static_argnums=(0, 1),
                                     out_shardings=transformer.KVCache(cache_sh, cache_sh))
 
@@ -77,8 +76,9 @@ class Decoder:
         return -(-rows // self.shards) * self.shards
 
     def _put(self, x):
-        spec = P(sharding.BATCH_AXES, *[None] * (x.ndim - 1))
-        return jax.device_put(x, NamedSharding(self.mesh, spec))
+        """Token rows split as the batch is; the per-row positions (a few ints) on every device."""
+        where = sharding.batch_sharding(self.mesh) if x.ndim == 2 else sharding.replicated(self.mesh)
+        return jax.device_put(x, where)
 
     def new_cache(self, rows: int, slots: int) -> transformer.KVCache:
         return self._empty_cache(rows, slots)

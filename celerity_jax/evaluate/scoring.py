@@ -13,7 +13,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from celerity_jax import sharding
 from celerity_jax.evaluate.sampler import bucket_length
@@ -93,7 +92,7 @@ class Scorer:
         for b, (tokens, _, _) in enumerate(rows):
             inputs_BxL[b, :len(tokens) - 1] = tokens[:-1]
             targets_BxL[b, :len(tokens) - 1] = tokens[1:]
-        batch_sh = NamedSharding(self.mesh, P(sharding.BATCH_AXES, None))
+        batch_sh = sharding.batch_sharding(self.mesh)
         with jax.set_mesh(self.mesh):
             logprob_BxL, greedy_BxL = jax.device_get(target_logprobs(
                 self.cfg, self.params, jax.device_put(inputs_BxL, batch_sh), jax.device_put(targets_BxL, batch_sh)))

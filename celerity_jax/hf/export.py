@@ -1,0 +1,91 @@
+"""A model as a Hugging Face folder: safetensors weights (through safetensors' numpy API: no torch needed), sharded
+past `max_shard_bytes` with a model.safetensors.index.json; config.json (with the run's ModelConfig as
+`celerity_model`), generation_config.json, the tokenizer files, the model card, and for the custom class its code.
+
+The core takes (cfg, params); `celerity export-hf` feeds it a run's checkpoint (`loader.load_model`).
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import ml_dtypes
+import numpy as np
+
+from celerity_jax.errors import ConfigError
+from celerity_jax.hf import card, fold, layouts, outdir, tokenizer_files
+from celerity_jax.model import transformer
+from celerity_jax.model.config import ModelConfig
+
+DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+MAX_SHARD_BYTES = 5 * 10**9  # transformers' default shard size
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+REMOTE_CODE = ("configuration_celerity.py", "modeling_celerity.py")
+
+
+def hf_tensors(cfg: ModelConfig, params: dict, dtype: str = "float32") -> tuple[str, dict[str, np.ndarray]]:
+    """(architecture, the HF tensors in `dtype`) of a model, its multipliers folded in."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; pick one of those")
+    arch = layouts.architecture(cfg)
+    cfg, params = transformer.unstack_layers(cfg, params)
+    tensors = layouts.to_hf(cfg, arch, fold.fold(cfg, params))
+    return arch, {name: t.astype(DTYPES[dtype]) for name, t in tensors.items()}
+
+
+def write_weights(tensors: dict[str, np.ndarray], out_dir: str, max_shard_bytes: int) -> list[str]:
+    """model.safetensors, or shards of at most max_shard_bytes (a larger tensor alone in its shard) and the index."""
+    from safetensors.numpy import save_file
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(out_dir, SINGLE_FILE), metadata={"format": "pt"})
+        return [SINGLE_FILE]
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for file, shard in zip(files, shards):
+        save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+             "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
+    _write_json(os.path.join(out_dir, INDEX_FILE), index)
+    return files + [INDEX_FILE]
+
+
+def export(cfg: ModelConfig, params: dict, out: str, *, tokenizer, dtype: str = "float32",
+           run_lines: list[str] = (), max_shard_bytes: int = MAX_SHARD_BYTES) -> dict:
+    """Writes the folder `out` (new or empty) for the model (cfg, params) and its tokenizer; `run_lines` are the
+    card's lines about the run. Returns what was written."""
+    outdir.check_empty(out, "--out")
+    tokenizer_kind = tokenizer_files.kind(tokenizer)
+    arch, tensors = hf_tensors(cfg, params, dtype)
+    config = {**layouts.hf_config(cfg, arch, dtype=dtype, eos_id=tokenizer.separator_id),
+              "celerity_model": dataclasses.asdict(cfg), "celerity_tokenizer": tokenizer_kind}
+    eos = tokenizer.separator_id
+    with outdir.building(out, "--out") as folder:
+        files = write_weights(tensors, folder, max_shard_bytes)
+        _write_json(os.path.join(folder, "config.json"), config)
+        _write_json(os.path.join(folder, "generation_config.json"),
+                    {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos, "do_sample": False})
+        if arch == "celerity":
+            for name in REMOTE_CODE:
+                shutil.copyfile(os.path.join(os.path.dirname(__file__), name), os.path.join(folder, name))
+        note = tokenizer_files.write(tokenizer, folder)
+        with open(os.path.join(folder, "README.md"), "w") as f:
+            f.write(card.model_card(cfg, arch, dtype=dtype, tokenizer_note=note, run_lines=list(run_lines)))
+    return {"out": out, "class": layouts.CLASSES[arch], "dtype": dtype, "tensors": len(tensors),
+            "weight_files": [f for f in files if f != INDEX_FILE],
+            "bytes": sum(t.nbytes for t in tensors.values())}
+
+
+def _write_json(path: str, data) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")

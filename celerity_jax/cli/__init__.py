@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "celerity_jax.cli.compile",
     "celerity_jax.cli.evaluate",
     "celerity_jax.cli.frontier",
+    "celerity_jax.cli.hf",
 )
 
 

@@ -47,12 +47,15 @@ def write_weights(tensors: dict[str, np.ndarray], out_dir: str, max_shard_bytes:
             size = 0
         shards[-1][name] = t
         size += t.nbytes
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(out_dir, SINGLE_FILE), metadata={"format": "pt"})
-        return [SINGLE_FILE]
-    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    files = ([SINGLE_FILE] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    umask = os.umask(0)
+    os.umask(umask)
     for file, shard in zip(files, shards):
         save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
+        os.chmod(os.path.join(out_dir, file), 0o666 & ~umask)  # safetensors creates its files private
+    if len(shards) == 1:
+        return files
     index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
              "weight_map": {name: file for file, shard in zip(files, shards) for name in shard}}
     _write_json(os.path.join(out_dir, INDEX_FILE), index)

@@ -208,3 +208,15 @@ def test_a_run_without_checkpoints_or_tokenizer_is_refused(trained_run, tmp_path
     json.dump(identity, open(lost / "run.json", "w"))
     assert main(["sample", "--workdir", str(lost), "--prompt", "x"]) == 2
     assert "the tokenizer of the run" in capsys.readouterr().err
+
+
+def test_a_bpe_tokenizer_decodes_and_one_without_its_decoder_is_refused(tmp_path):
+    from celerity_jax.data.tokenizer import HFTokenizer, train_bpe
+
+    path = train_bpe(["Hello world, 42 times. " * 50, "def f(x):\n    return x\n" * 50], 300, str(tmp_path / "t.json"))
+    harness.check_can_decode(HFTokenizer(path, ""))
+    spec = json.load(open(path))
+    spec["decoder"] = None
+    json.dump(spec, open(tmp_path / "raw.json", "w"))
+    with pytest.raises(ConfigError, match="cannot decode what it encodes"):
+        harness.check_can_decode(HFTokenizer(str(tmp_path / "raw.json"), ""))

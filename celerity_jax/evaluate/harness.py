@@ -23,7 +23,7 @@ from celerity_jax.evaluate import sampler, scoring, tasks  # noqa: E402
 from celerity_jax.model import transformer  # noqa: E402
 
 DEFAULT_MAX_GEN_TOKS = 256
-_PROBE = "def f(x):\n    return x + 1  # ünïcode\n"
+_PROBE = "Hello world, 42 times."  # text every tokenizer that can decode gives back as it was
 
 
 class CelerityLM(TemplateLM):

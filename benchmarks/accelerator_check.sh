@@ -35,7 +35,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHON="$PY"
 
 if [ "$DRY_RUN" = 1 ]; then  # 4 alone, on the CPU at the tiny shape: the whole path, checked before a GPU is lent
-    exec benchmarks/end_to_end.sh --dry-run --out "$OUT"
+    exec bash benchmarks/end_to_end.sh --dry-run --out "$OUT"
 fi
 
 "$PY" - <<'EOF'
@@ -51,7 +51,7 @@ print(next((n for n in ('h100', 'h200') if any(kind.startswith(k) for k in CHIPS
 [ -n "$GPU" ] || { echo "celerity compile describes the H100 and H200 only; this GPU is another"; exit 2; }
 
 if [ "$E2E_ONLY" = 1 ]; then
-    exec benchmarks/end_to_end.sh --topology "$GPU-1" --out "$OUT"
+    exec bash benchmarks/end_to_end.sh --topology "$GPU-1" --out "$OUT"
 fi
 
 time "$PY" benchmarks/attention_kernels.py --seq-lens 2048,8192 --heads 10 --head-dim 64 \
@@ -88,5 +88,5 @@ EOF
 
 # 4. the end-to-end pass at its GPU shape; its exit status is the check's
 if [ "$NO_E2E" != 1 ]; then
-    time benchmarks/end_to_end.sh --topology "$GPU-1" --out "$OUT"
+    time bash benchmarks/end_to_end.sh --topology "$GPU-1" --out "$OUT"
 fi

@@ -5,7 +5,7 @@
 #      ArrayRecord shards with it: checks the tokenizer has the vocabulary asked for and the manifest lists
 #      train and validation shards made with it;
 #   2. `celerity train` on those shards (experiments/tiny/base.gin + benchmarks/end_to_end.gin: ~19M parameters,
-#      6 x 384, 32 x 512 tokens a step, 294 steps) twice: uninterrupted in one workdir; in another, killed with
+#      6 x 384, 32 x 512 tokens a step, 212 steps) twice: uninterrupted in one workdir; in another, killed with
 #      SIGKILL once its first checkpoint is committed, and resumed with the same command. Checks the kill came
 #      mid-run, the resume started from a checkpoint, and both curve.csv hold the same losses bit for bit;
 #   3. `celerity eval --tasks stdlib_next_line` and `celerity sample --temperature 0 --json` on the trained run:
@@ -15,29 +15,39 @@
 # `--dry-run` does all of it on the CPU at a tiny shape (2 x 48, 8 x 128 tokens, 28 steps; about a minute on
 # two cores) and compiles no plan unless --topology names one (v5e-1 compiles the TPU plan on the CPU, ~30 s).
 # Results: $OUT/end_to_end.json (one file: a device machine returns few) and a printed summary. Shards and runs
-# go to a temporary folder ($E2E_WORK to choose it), removed on success and kept, named, on failure. Exit
-# status 0 when every check passed, 1 naming each failed check in one line, 2 for a bad argument.
-#   benchmarks/end_to_end.sh [--dry-run] [--topology h100-1] [--out DIR]      ($PYTHON: the interpreter)
+# go to a temporary folder, removed on success and kept, named, on failure ($E2E_WORK: a new or empty folder
+# to use instead, always kept). Exit status 0 when every check passed, 1 naming each failed check in one line,
+# 2 for a bad argument.
+#   benchmarks/end_to_end.sh [--dry-run] [--topology h100-1] [--out DIR] [--deterministic]
+# $PYTHON: the interpreter (default python3). --deterministic (E2E_DETERMINISTIC=1) adds XLA's
+# --xla_gpu_deterministic_ops=true, for when a GPU's runs differ from process to process before any resume.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DRY=0 TOPOLOGY="" OUT=${OUT:-bench_out/accelerator_check}
+DRY=0 TOPOLOGY="" OUT=${OUT:-bench_out/accelerator_check} DETERMINISTIC=${E2E_DETERMINISTIC:-0}
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) DRY=1 ;;
         --topology) TOPOLOGY=${2:?--topology needs a slice name, e.g. h100-1}; shift ;;
         --out) OUT=${2:?--out needs a folder}; shift ;;
-        *) echo "end_to_end.sh: unknown argument '$1'; use --dry-run, --topology T, --out DIR" >&2; exit 2 ;;
+        --deterministic) DETERMINISTIC=1 ;;
+        *) echo "end_to_end.sh: unknown argument '$1'; use --dry-run, --topology T, --out DIR, --deterministic" >&2
+           exit 2 ;;
     esac
     shift
 done
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-[ "$DRY" = 1 ] && export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
+if [ "$DRY" = 1 ]; then export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}; fi
+if [ "$DETERMINISTIC" = 1 ]; then export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_deterministic_ops=true"; fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=${E2E_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/celerity_e2e.XXXXXX")}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
+if [ -n "$(ls -A "$WORK")" ]; then
+    echo "end_to_end.sh: E2E_WORK=$WORK is not empty; name a new or empty folder" >&2
+    exit 2
+fi
 : >"$WORK/failures.txt"
 : >"$WORK/seconds.txt"
 
@@ -78,10 +88,15 @@ finish() {  # on any exit: gather every result there is into $OUT/end_to_end.jso
     trap - EXIT
     local p
     for p in ${pid:-} ${compile_pid:-}; do kill -KILL "$p" 2>/dev/null || true; done  # ours, still running
-    [ "$rc" -eq 0 ] || [ -s "$WORK/failures.txt" ] || echo "end_to_end: stopped (exit $rc) before its checks ended" >>"$WORK/failures.txt"
-    "$PY" - "$WORK" "$OUT/end_to_end.json" "$MODE" "$TOPOLOGY" <<'EOF' || echo "end_to_end: FAILED: could not write $OUT/end_to_end.json" >&2
+    if [ "$rc" -ne 0 ] && [ ! -s "$WORK/failures.txt" ]; then
+        echo "stopped (exit $rc) before its checks ended" >>"$WORK/failures.txt"
+    fi
+    "$PY" - "$WORK" "$OUT/end_to_end.json" "$MODE" "$TOPOLOGY" <<'EOF' \
+        || echo "end_to_end: FAILED: could not write $OUT/end_to_end.json" >&2
 import json, os, sys
 work, path, mode, topology = sys.argv[1:]
+def size(n):
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 def load(name):
     p = os.path.join(work, name)
     return json.load(open(p)) if os.path.exists(p) else None
@@ -89,24 +104,29 @@ failures = [l for l in open(os.path.join(work, "failures.txt")).read().splitline
 seconds = dict((n, float(s)) for n, s in (l.split() for l in open(os.path.join(work, "seconds.txt"))))
 measured, compiled = load("memory_measured.json"), load("compile.json")
 if compiled is not None:
-    compiled = {k: compiled.get(k) for k in ("topology", "bytes_per_chip", "hbm_bytes_per_chip", "fits", "headroom",
-                                            "compute_dtype", "attention_impl", "compile_seconds", "error")}
+    compiled = {k: compiled.get(k) for k in ("topology", "bytes_per_chip", "hbm_bytes_per_chip", "fits",
+                                            "headroom", "compute_dtype", "attention_impl", "compile_seconds",
+                                            "error")}
 elif topology:
-    compiled = {"topology": topology, "bytes_per_chip": None, "reason": "celerity compile wrote no report (see failures)"}
+    compiled = {"topology": topology, "bytes_per_chip": None,
+                "reason": "celerity compile wrote no report (see failures)"}
 else:
-    compiled = {"bytes_per_chip": None, "reason": "no --topology given: a dry run on the CPU has no GPU or TPU to "
-                "plan for (--topology v5e-1 compiles the TPU plan here)"}
+    compiled = {"bytes_per_chip": None, "reason": "no --topology given" + (
+        ": a dry run on the CPU has no GPU or TPU to plan for (--topology v5e-1 compiles the TPU plan here)"
+        if mode == "dry-run" else "")}
 memory = {"measured": measured, "planned": compiled}
 if measured and measured.get("peak_bytes_in_use") and compiled.get("bytes_per_chip"):
     memory["measured_over_planned"] = measured["peak_bytes_in_use"] / compiled["bytes_per_chip"]
 result = {"mode": mode, "ok": not failures, "failures": failures, "work_dir": work if failures else None,
-          "device": load("device.json"), "shape": load("shape.json"), "bpe": load("bpe.json"),
-          "prepare_data": load("prepare.json"), "train": load("train.json"), "eval": load("eval_result.json"),
-          "sample": load("sample_result.json"), "memory": memory, "seconds": seconds}
+          "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": load("device.json"), "shape": load("shape.json"),
+          "bpe": load("bpe.json"), "prepare_data": load("prepare.json"), "train": load("train.json"),
+          "eval": load("eval_result.json"), "sample": load("sample_result.json"), "memory": memory,
+          "seconds": seconds}
 os.makedirs(os.path.dirname(path), exist_ok=True)
 with open(path, "w") as f:
     json.dump(result, f, indent=1)
-s, b, p, t, e, m = result["shape"], result["bpe"], result["prepare_data"], result["train"], result["eval"], result["sample"]
+s, b, p, t = result["shape"], result["bpe"], result["prepare_data"], result["train"]
+e, m = result["eval"], result["sample"]
 print(f"== end-to-end pass ({mode}) on {(result['device'] or {}).get('device_kind', '?')}: {path}")
 if b:
     print(f"BPE: {b['vocab_size']} tokens from {b['trained_on_files']} stdlib files in {b['seconds']:.1f} s")
@@ -126,8 +146,8 @@ if m:
     for x in m["samples"]:
         print(f"sample (greedy): {x['prompt']!r} -> {x['completion'][:60]!r}")
 peak = (measured or {}).get("peak_bytes_in_use")
-print("memory: measured " + (f"{peak / 2**30:.2f} GiB peak" if peak else (measured or {}).get("reason", "nothing"))
-      + "; planned " + (f"{compiled['bytes_per_chip'] / 2**30:.2f} GiB per chip ({compiled['topology']})"
+print("memory: measured " + (f"{size(peak)} peak" if peak else (measured or {}).get("reason", "not reached"))
+      + "; planned " + (f"{size(compiled['bytes_per_chip'])} per chip ({compiled['topology']})"
                         if compiled.get("bytes_per_chip") else compiled["reason"]))
 print("seconds: " + ", ".join(f"{n} {v:.1f}" for n, v in seconds.items()))
 for line in failures:
@@ -181,7 +201,8 @@ start=$EPOCHREALTIME
     --shard-tokens "$SHARD_TOKENS" >"$WORK/prepare.log" 2>&1 \
     || die "celerity prepare-data failed: $(last_line "$WORK/prepare.log")"
 seconds prepare_data "$start"
-"$PY" - "$WORK/shards" "$WORK/bpe.json" "$WORK/prepare.json" <<'EOF' || die "the shards are not what was asked for (see above)"
+"$PY" - "$WORK/shards" "$WORK/bpe.json" "$WORK/prepare.json" <<'EOF' \
+    || die "the shards are not what was asked for (see above)"
 import json, os, sys
 folder, bpe, out = sys.argv[1:]
 m, bpe = json.load(open(os.path.join(folder, "manifest.json"))), json.load(open(bpe))
@@ -211,7 +232,8 @@ fi
 TRAIN=(train "${GIN[@]}")
 start=$EPOCHREALTIME
 "$PY" - "$WORK/memory_measured.json" "${TRAIN[@]}" --workdir "$WORK/uninterrupted" \
-    >"$WORK/uninterrupted.log" 2>&1 <<'EOF' || die "the uninterrupted run failed: $(last_line "$WORK/uninterrupted.log")"
+    >"$WORK/uninterrupted.log" 2>&1 <<'EOF' \
+    || die "the uninterrupted run failed: $(last_line "$WORK/uninterrupted.log")"
 import json, sys
 from celerity_jax.cli import main
 rc = main(sys.argv[2:])
@@ -222,17 +244,20 @@ if stats is None:
     measured = {"platform": d.platform, "peak_bytes_in_use": None,
                 "reason": f"not measured on {d.platform.upper()}: memory_stats() is None there"}
 else:
-    measured = {"platform": d.platform, "device_kind": d.device_kind, "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-                "bytes_limit": stats.get("bytes_limit"),
+    measured = {"platform": d.platform, "device_kind": d.device_kind,
+                "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
                 "what": "the allocator's peak over the whole uninterrupted run (train and eval steps)"}
 json.dump(measured, open(sys.argv[1], "w"))
 sys.exit(rc)
 EOF
 seconds train_uninterrupted "$start"
 
-"$PY" - "$WORK/uninterrupted/plan.json" "$WORK/uninterrupted/run.json" "$CHECKPOINT" "$WORK/shape.json" <<'EOF' || die "the run cannot be killed mid-run (see above)"
-import json, sys
-plan, identity, checkpoint, out = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
+# The plan must run past the checkpoint the second run is killed after.
+"$PY" - "$WORK/uninterrupted" "$CHECKPOINT" "$WORK/shape.json" <<'EOF' \
+    || die "the run cannot be killed mid-run (see above)"
+import json, os, sys
+run, checkpoint, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+plan, identity = (json.load(open(os.path.join(run, name))) for name in ("plan.json", "run.json"))
 model, recipe = identity["model"], identity["recipe"]
 if plan["steps"] <= checkpoint:
     sys.exit(f"end_to_end: the plan has {plan['steps']} steps, so its checkpoint at {checkpoint} is not mid-run")
@@ -303,8 +328,8 @@ if resumed_at is None or not checkpoint <= resumed_at < n_steps:
     print(f"the killed run did not resume mid-run from a checkpoint at or past step {checkpoint} (resumed_from_step "
           f"{resumed_at} of {n_steps})")
 elif not result["resumed_equals_uninterrupted"]:
-    why = ("only after the resume" if result["rows_before_the_resume_equal"]
-           else "before the resume too: the device is not deterministic")
+    why = ("only after the resume" if result["rows_before_the_resume_equal"] else "before the resume too: the "
+           "device's steps differ from process to process; try --deterministic")
     print(f"the resumed curve differs from the uninterrupted one from step {result['first_differing_step']} "
           f"({len(differing)} rows, max |d loss| {result['max_abs_loss_difference']:.3g}; {why})")
 EOF
@@ -316,7 +341,7 @@ start=$EPOCHREALTIME
 if "$PY" -m celerity_jax.cli eval --workdir "$WORK/resumed" --tasks stdlib_next_line "${EVAL_LIMIT[@]}" \
         --json "$WORK/eval.json" >"$WORK/eval.log" 2>&1; then
     "$PY" - "$WORK/eval.json" "$WORK/eval_result.json" <<'EOF' || fail "celerity eval gave no stdlib_next_line score"
-import json, math, sys
+import json, sys
 content = json.load(open(sys.argv[1]))
 score = content["tasks"]["stdlib_next_line"]
 if not (0 <= score["value"] <= 1 and score["docs"] > 0):
@@ -329,7 +354,8 @@ fi
 seconds eval "$start"
 start=$EPOCHREALTIME
 if "$PY" -m celerity_jax.cli sample --workdir "$WORK/resumed" --prompt "def " --prompt "import " \
-        --prompt "class Parser:" --temperature 0 --max-new-tokens "$NEW_TOKENS" --json >"$WORK/sample.json" 2>"$WORK/sample.log"; then
+        --prompt "class Parser:" --temperature 0 --max-new-tokens "$NEW_TOKENS" --json \
+        >"$WORK/sample.json" 2>"$WORK/sample.log"; then
     "$PY" - "$WORK/sample.json" "$WORK/sample_result.json" <<'EOF' || fail "celerity sample produced no text"
 import json, sys
 content = json.load(open(sys.argv[1]))

@@ -47,13 +47,14 @@ def run_section(workdir: str, step: int, plan: dict) -> list[str]:
     return lines
 
 
-def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, run_lines: list[str]) -> str:
-    """The README.md of the folder."""
+def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, run_lines: list[str],
+               lost_values: int) -> str:
+    """The README.md of the folder; `lost_values`: how many values the fold maps onto another's (fold.lost_bits)."""
     c = fold.constants(cfg)
-    remote = arch == "celerity"
+    remote = ", trust_remote_code=True" if arch == "celerity" else ""
     load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            f"model = AutoModelForCausalLM.from_pretrained(DIR{', trust_remote_code=True' if remote else ''})\n"
-            "tokenizer = AutoTokenizer.from_pretrained(DIR)")
+            f"model = AutoModelForCausalLM.from_pretrained(DIR{remote})\n"
+            f"tokenizer = AutoTokenizer.from_pretrained(DIR{remote})")
     model_rows = [[name, f"`{getattr(cfg, name)!r}`"] for name in layouts.ARCHITECTURE_FIELDS]
     lines = [
         f"# {layouts.CLASSES[arch]} exported by celerity_jax", "",
@@ -79,7 +80,11 @@ def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, 
                                               "`celerity import-hf` ties it again."
                                               if cfg.tie_embeddings else ".") + " " + tokenizer_note + ".", "",
         "`config.json` carries the run's ModelConfig (`celerity_model`): `celerity import-hf` unfolds the weights "
-        "with it, bit for bit except where a fold by a factor that is not a power of two maps two float32 values "
-        "to one (then one ulp off).", "",
+        "with it. A fold by a factor that is not a power of two can map two float32 values to one; "
+        + (f"`{fold.LOST_BITS}` holds the bit that tells them apart for the {lost_values:,} values where that happened, "
+           "so the import of these weights is bit for bit (weights changed since come back at most one ulp off)."
+           if lost_values else "no value of these weights was, so the import is bit for bit."
+           if dtype == "float32" else "in bfloat16 every weight is rounded, so the import is close, not exact."),
+        "",
         "### ModelConfig", "", *markdown.table(["field", "value"], model_rows), ""]
     return "\n".join(lines)

@@ -25,16 +25,6 @@ INDEX_FILE = "model.safetensors.index.json"
 REMOTE_CODE = ("configuration_celerity.py", "modeling_celerity.py")
 
 
-def hf_tensors(cfg: ModelConfig, params: dict, dtype: str = "float32") -> tuple[str, dict[str, np.ndarray]]:
-    """(architecture, the HF tensors in `dtype`) of a model, its multipliers folded in."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; pick one of those")
-    arch = layouts.architecture(cfg)
-    cfg, params = transformer.unstack_layers(cfg, params)
-    tensors = layouts.to_hf(cfg, arch, fold.fold(cfg, params))
-    return arch, {name: t.astype(DTYPES[dtype]) for name, t in tensors.items()}
-
-
 def write_weights(tensors: dict[str, np.ndarray], out_dir: str, max_shard_bytes: int) -> list[str]:
     """model.safetensors, or shards of at most max_shard_bytes (a larger tensor alone in its shard) and the index."""
     from safetensors.numpy import save_file
@@ -45,7 +35,7 @@ def write_weights(tensors: dict[str, np.ndarray], out_dir: str, max_shard_bytes:
         if shards[-1] and size + t.nbytes > max_shard_bytes:
             shards.append({})
             size = 0
-        shards[-1][name] = t
+        shards[-1][name] = np.ascontiguousarray(t)  # safetensors writes the buffer as it lies, whatever the strides
         size += t.nbytes
     files = ([SINGLE_FILE] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
@@ -67,13 +57,22 @@ def export(cfg: ModelConfig, params: dict, out: str, *, tokenizer, dtype: str = 
     """Writes the folder `out` (new or empty) for the model (cfg, params) and its tokenizer; `run_lines` are the
     card's lines about the run. Returns what was written."""
     outdir.check_empty(out, "--out")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; pick one of those")
     tokenizer_kind = tokenizer_files.kind(tokenizer)
-    arch, tensors = hf_tensors(cfg, params, dtype)
+    arch = layouts.architecture(cfg)
+    unscanned, params = transformer.unstack_layers(cfg, params)
+    folded = fold.fold(unscanned, params)
+    tensors = {name: t.astype(DTYPES[dtype]) for name, t in layouts.to_hf(unscanned, arch, folded).items()}
+    # a bfloat16 export rounds away far more than these bits
+    lost = fold.lost_bits(unscanned, params, folded) if dtype == "float32" else {}
     config = {**layouts.hf_config(cfg, arch, dtype=dtype, eos_id=tokenizer.separator_id),
               "celerity_model": dataclasses.asdict(cfg), "celerity_tokenizer": tokenizer_kind}
     eos = tokenizer.separator_id
     with outdir.building(out, "--out") as folder:
         files = write_weights(tensors, folder, max_shard_bytes)
+        if lost:
+            fold.save_lost_bits(os.path.join(folder, fold.LOST_BITS), cfg, lost, folded)
         _write_json(os.path.join(folder, "config.json"), config)
         _write_json(os.path.join(folder, "generation_config.json"),
                     {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos, "do_sample": False})
@@ -82,10 +81,11 @@ def export(cfg: ModelConfig, params: dict, out: str, *, tokenizer, dtype: str = 
                 shutil.copyfile(os.path.join(os.path.dirname(__file__), name), os.path.join(folder, name))
         note = tokenizer_files.write(tokenizer, folder)
         with open(os.path.join(folder, "README.md"), "w") as f:
-            f.write(card.model_card(cfg, arch, dtype=dtype, tokenizer_note=note, run_lines=list(run_lines)))
+            f.write(card.model_card(cfg, arch, dtype=dtype, tokenizer_note=note, run_lines=list(run_lines),
+                                    lost_values=sum(int(m.sum()) for m in lost.values())))
     return {"out": out, "class": layouts.CLASSES[arch], "dtype": dtype, "tensors": len(tensors),
             "weight_files": [f for f in files if f != INDEX_FILE],
-            "bytes": sum(t.nbytes for t in tensors.values())}
+            "bytes": sum(t.nbytes for t in tensors.values()), "lost_bits": {p: int(m.sum()) for p, m in lost.items()}}
 
 
 def _write_json(path: str, data) -> None:

@@ -16,9 +16,12 @@ A fold is computed in float64 and rounded once: y = fl32(x·c). The unfold divid
 the neighbouring float32 values for one whose fold gives y back, so x comes back bit for bit wherever the fold is
 injective (c a power of two, or x's mantissa in the part of its binade that c does not push into the next one).
 Elsewhere two float32 values can fold to the same y; the unfold then picks the candidate nearest y/c, which is
-off by one ulp for about half of those values, and no reader of y alone can do better.
+off by one ulp for about half of those values, and no reader of y alone can do better. The export therefore also
+records, per such leaf, one bit per value saying which of the two it was (`lost_bits`); with them the unfold of
+unchanged weights is exact.
 """
 
+import hashlib
 import math
 
 import numpy as np
@@ -26,6 +29,7 @@ import numpy as np
 from celerity_jax.model import completep
 from celerity_jax.model.config import ModelConfig
 
+LOST_BITS = "celerity_unfold.npz"  # the export's file of lost bits (`save_lost_bits`)
 # Neighbours of fl32(y/c) that the unfold tries, in ulps, nearest first.
 _SEARCH_ULPS = (0, 1, -1, 2, -2)
 
@@ -87,36 +91,86 @@ def fold(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     return {path: fold_array(x, leaf_factor(cfg, path)) for path, x in flat.items()}
 
 
-def unfold_array(stored: list[tuple[np.ndarray, float]]) -> np.ndarray:
+def unfold_array(stored: list[tuple[np.ndarray, float]], second: np.ndarray | None = None) -> np.ndarray:
     """The float32 x whose folds x·c give every (y, c) in `stored` (several for a tied embedding); where none does
-    (a bfloat16 export, or weights changed after the export), fl32(y/c) of the first."""
+    (a bfloat16 export, or weights changed after the export), fl32(y/c) of the first. Where two candidates fold
+    right, the nearest is taken, or the other where the bool mask `second` (the export's lost bits) says so."""
     y0, c0 = stored[0]
     y0 = y0.astype(np.float32)
     if all(c == 1.0 for _, c in stored):
         return y0
     x0 = (y0.astype(np.float64) / c0).astype(np.float32)
     chosen, found = x0.copy(), np.zeros(x0.shape, bool)
+    skip = np.zeros(x0.shape, bool) if second is None else second.copy()
     for ulps in _SEARCH_ULPS:
         candidate = _step_ulps(x0, ulps)
         fits = ~found
         for y, c in stored:
             fits &= fold_array(candidate, c) == y.astype(np.float32)
-        chosen[fits] = candidate[fits]
-        found |= fits
+        take = fits & ~skip
+        skip &= ~fits
+        chosen[take] = candidate[take]
+        found |= take
     return chosen
 
 
-def unfold(cfg: ModelConfig, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The flat parameters of `cfg` from folded leaves (an `unembed` among them is optional when tied)."""
-    out = {}
-    for path, y in folded.items():
-        if path == "unembed" and cfg.tie_embeddings:
-            continue
-        stored = [(y, leaf_factor(cfg, path))]
-        if path == "embed" and cfg.tie_embeddings and "unembed" in folded:
-            stored.append((folded["unembed"].T, leaf_factor(cfg, "unembed")))
-        out[path] = unfold_array(stored)
-    return out
+def _stored(cfg: ModelConfig, folded: dict[str, np.ndarray], path: str) -> list[tuple[np.ndarray, float]]:
+    """The folded values a leaf of the parameters is recovered from: its own, and lm_head's for a tied embedding."""
+    stored = [(folded[path], leaf_factor(cfg, path))]
+    if path == "embed" and cfg.tie_embeddings and "unembed" in folded:
+        stored.append((folded["unembed"].T, leaf_factor(cfg, "unembed")))
+    return stored
+
+
+def unfold(cfg: ModelConfig, folded: dict[str, np.ndarray],
+           lost: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The flat parameters of `cfg` from folded leaves (an `unembed` among them is optional when tied); `lost` maps
+    a path to its `second` mask (see `lost_bits`)."""
+    return {path: unfold_array(_stored(cfg, folded, path), (lost or {}).get(path))
+            for path in folded if not (path == "unembed" and cfg.tie_embeddings)}
+
+
+def lost_bits(cfg: ModelConfig, params: dict, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{path: bool mask} of the leaves whose unfold takes the wrong one of two candidates somewhere: the one bit per
+    such value that the fold rounds away. With them the unfold gives back every float32 value."""
+    flat = flatten(params)
+    masks = {}
+    for path, x in flat.items():
+        stored = _stored(cfg, folded, path)
+        wrong = unfold_array(stored) != x
+        if wrong.any():
+            masks[path] = wrong
+    return masks
+
+
+def _digest(cfg: ModelConfig, folded: dict[str, np.ndarray], path: str) -> str:
+    digest = hashlib.sha256()
+    for y, _ in _stored(cfg, folded, path):
+        digest.update(np.ascontiguousarray(y, np.float32).tobytes())
+    return digest.hexdigest()
+
+
+def save_lost_bits(file: str, cfg: ModelConfig, masks: dict[str, np.ndarray], folded: dict[str, np.ndarray]) -> None:
+    """The masks, packed 8 to a byte, each with the SHA-256 of the folded values it belongs to."""
+    arrays = {}
+    for i, (path, mask) in enumerate(masks.items()):
+        arrays[f"bits_{i}"] = np.packbits(mask.ravel())
+        arrays[f"meta_{i}"] = np.array([path, _digest(cfg, folded, path)])
+    np.savez_compressed(file, **arrays)
+
+
+def load_lost_bits(file: str, cfg: ModelConfig, folded: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
+    """(the masks whose folded values are unchanged, the paths of those that changed since the export)."""
+    masks, stale = {}, []
+    with np.load(file, allow_pickle=False) as saved:
+        for i in range(sum(name.startswith("bits_") for name in saved.files)):
+            path, digest = (str(v) for v in saved[f"meta_{i}"])
+            if path not in folded or _digest(cfg, folded, path) != digest:
+                stale.append(path)
+                continue
+            n = folded[path].size
+            masks[path] = np.unpackbits(saved[f"bits_{i}"])[:n].astype(bool).reshape(folded[path].shape)
+    return masks, stale
 
 
 def _step_ulps(x: np.ndarray, ulps: int) -> np.ndarray:

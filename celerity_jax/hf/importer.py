@@ -86,8 +86,8 @@ def _llama(hf: dict) -> ModelConfig:
     if hf.get("hidden_act", "silu") != "silu":
         _refuse(hf, "hidden_act", "is not SwiGLU's silu")
     if bool(hf.get("attention_bias", False)) != bool(hf.get("mlp_bias", False)):
-        _refuse(hf, "mlp_bias", f"differs from attention_bias={hf.get('attention_bias', False)} (biases on some "
-                                "projections only)")
+        _refuse(hf, "attention_bias", f"differs from mlp_bias={hf.get('mlp_bias', False)} (biases on some "
+                                      "projections only)")
     return _stock(hf, norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), mlp="swiglu",
                   rope_theta=_rope(hf, 1.0), use_bias=bool(hf.get("attention_bias", False)))
 
@@ -182,15 +182,20 @@ def check_tensors(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -
     return {name: tensors[name] for name in expected if name in tensors}
 
 
-def load(folder: str) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, float32 parameters in its layout) of a Hugging Face folder, checked."""
+def load(folder: str) -> tuple[ModelConfig, dict, dict]:
+    """(ModelConfig, float32 parameters in its layout, {"lost_bits": leaves unfolded with the export's lost bits,
+    "stale_bits": leaves whose weights changed since the export}) of a Hugging Face folder, checked."""
     cfg, arch = model_config(read_config(folder))
     tensors = check_tensors(cfg, arch, read_tensors(folder))
-    params = fold.unflatten(fold.unfold(cfg, layouts.from_hf(cfg, arch, tensors)))
+    folded = layouts.from_hf(cfg, arch, tensors)
+    lost, stale = {}, []
+    if os.path.isfile(os.path.join(folder, fold.LOST_BITS)):
+        lost, stale = fold.load_lost_bits(os.path.join(folder, fold.LOST_BITS), cfg, folded)
+    params = fold.unflatten(fold.unfold(cfg, folded, lost))
     if cfg.scan_layers:
         blocks = [params.pop(f"block_{i}") for i in range(cfg.n_layers)]
         params["blocks"] = jax.tree.map(lambda *layers: np.stack(layers), *blocks)
-    return cfg, params
+    return cfg, params, {"lost_bits": sorted(lost), "stale_bits": stale}
 
 
 def tokenizer_spec(folder: str, hf: dict) -> tuple[str, str, str | None]:
@@ -210,9 +215,9 @@ def import_folder(folder: str, out: str, gin_files=(), gin_params=()) -> dict:
     from celerity_jax.hf import run_dir
 
     outdir.check_empty(out, "--out")
+    cfg, params, unfolded = load(folder)
     hf = read_config(folder)
     tokenizer, separator, copy = tokenizer_spec(folder, hf)
-    cfg, params = load(folder)
     with outdir.building(out, "--out") as partial:
         if copy:
             shutil.copyfile(os.path.join(folder, copy), os.path.join(partial, copy))
@@ -220,4 +225,4 @@ def import_folder(folder: str, out: str, gin_files=(), gin_params=()) -> dict:
         summary = run_dir.write(partial, cfg, params, tokenizer=final, separator_token=separator,
                                 tokenizer_now=tokenizer if copy is None else os.path.join(partial, copy),
                                 gin_files=gin_files, gin_params=gin_params)
-    return {"out": out, "model_type": hf.get("model_type"), **summary}
+    return {"out": out, "model_type": hf.get("model_type"), **summary, **unfolded}

@@ -114,6 +114,7 @@ class Block(nn.Module):
 
 
 class CelerityPreTrainedModel(PreTrainedModel):
+    config: CelerityConfig
     config_class = CelerityConfig
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
@@ -138,10 +139,6 @@ class CelerityModel(CelerityPreTrainedModel):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
         self.norm = Norm(config)
-        k = config.head_dim
-        self.register_buffer("slopes_H", torch.tensor(alibi_slopes(config.num_attention_heads)), persistent=False)
-        self.register_buffer("inv_freq_K2", config.rope_theta ** (-torch.arange(0, k, 2, dtype=torch.float32) / k),
-                             persistent=False)
         self.post_init()
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None):
@@ -154,7 +151,9 @@ class CelerityModel(CelerityPreTrainedModel):
             x_BxLxD = x_BxLxD + self.embed_positions(position_ids)
         rope = None
         if self.config.positions == "rope":
-            angle_BxLxK2 = position_ids.float()[..., None] * self.inv_freq_K2
+            k = self.config.head_dim
+            inv_freq_K2 = self.config.rope_theta ** (-torch.arange(0, k, 2, device=input_ids.device).float() / k)
+            angle_BxLxK2 = position_ids.float()[..., None] * inv_freq_K2
             rope = (angle_BxLxK2.cos()[:, None], angle_BxLxK2.sin()[:, None])
         bias_BxHxLxS = self._score_bias(b, l, past, attention_mask, input_ids.device)
         for block in self.layers:
@@ -171,7 +170,8 @@ class CelerityModel(CelerityPreTrainedModel):
             visible_BxLxS = visible_BxLxS & attention_mask[:, None, -(past + l):].bool()
         bias_1xHxLxS = torch.zeros(1, 1, l, past + l, device=device)
         if self.config.positions == "alibi":
-            bias_1xHxLxS = -self.slopes_H[None, :, None, None] * dist_LxS.float()[None, None]
+            slopes_H = torch.tensor(alibi_slopes(self.config.num_attention_heads), device=device)
+            bias_1xHxLxS = -slopes_H[None, :, None, None] * dist_LxS.float()[None, None]
         return torch.where(visible_BxLxS[:, None], bias_1xHxLxS, torch.tensor(_MASKED, device=device))
 
 

@@ -1,7 +1,7 @@
 """The run directory of an imported model: what `loader.load_model` and TrainConfig.init_from read.
 
-Its configs are those of the run that will start from it (gin files and bindings, defaults otherwise) with the
-imported ModelConfig and tokenizer bound over them; its checkpoint at step 0 is the train state such a run starts
+Its configs are those of the run that will start from it (gin files and bindings; without any, the defaults with
+the sequence length capped at the model's context) with the imported ModelConfig and tokenizer bound over them; its checkpoint at step 0 is the train state such a run starts
 with (fresh optimizer state, empty monitor curve, data iterator at its start) holding the imported parameters.
 """
 
@@ -35,7 +35,9 @@ def write(folder: str, cfg: ModelConfig, params: dict, *, tokenizer: str, separa
     """Writes the run files and the step-0 checkpoint into `folder`. `tokenizer` is the DataConfig.tokenizer the run
     records (where the file will be); `tokenizer_now` where it can be read while the folder is being built."""
     model_bindings = bindings(cfg, tokenizer, separator_token)
-    configs = gin_config.parse_gin(list(gin_files), [*gin_params, *model_bindings])
+    defaults = [] if gin_files or gin_params else [
+        f"RecipeConfig.seq_len = {min(recipe.RecipeConfig().seq_len, cfg.max_seq_len)}"]
+    configs = gin_config.parse_gin(list(gin_files), [*gin_params, *defaults, *model_bindings])
     vocab = load_tokenizer(tokenizer_now, separator_token).vocab_size
     if vocab > cfg.vocab_size:
         raise ConfigError(f"the folder's tokenizer has {vocab} token ids but the model's vocabulary holds "

@@ -66,8 +66,8 @@ def write(tokenizer, out_dir: str) -> str:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "clean_up_tokenization_spaces": False}
     if what == "byte":
         byte_tokenizer().save(os.path.join(out_dir, TOKENIZER_JSON))
-        # one token both separates and starts documents, as in training
-        config.update(bos_token=eos, split_special_tokens=True)
+        # one token separates documents in training: it also starts them, and pads
+        config.update(bos_token=eos, pad_token=eos, split_special_tokens=True)
         note = (f"`{TOKENIZER_JSON}` reproduces the run's byte tokenizer (UTF-8 bytes are ids 0..255, `{eos}` is 256; "
                 "verified to encode and decode as it does, non-ASCII text included)")
     else:

@@ -27,6 +27,7 @@ import random
 
 from celerity_jax.data import corpus, sources
 from celerity_jax.data.config import DataConfig
+from celerity_jax.errors import ConfigError
 
 # Building the task must never reach for the network (datasets reads these when it is imported).
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -142,7 +143,8 @@ def _document(rng: random.Random, f: int, i: int, cut: int) -> dict | None:
 
 
 def documents(n_docs: int = DEFAULT_DOCS, seed: int = 0) -> list[dict]:
-    """`n_docs` documents {"context", "choices", "label", "source" (the file's corpus key)}; ValueError past the supply.
+    """`n_docs` documents {"context", "choices", "label", "source" (the file's corpus key)}; ConfigError past the
+    supply.
 
     Targets are taken round-robin over the held-out files (in a seeded order, each file's targets shuffled),
     so they spread over all files rather than crowd into the largest.
@@ -157,8 +159,8 @@ def documents(n_docs: int = DEFAULT_DOCS, seed: int = 0) -> list[dict]:
             docs.append(doc)
             if len(docs) == n_docs:
                 return docs
-    raise ValueError(f"{TASK_NAME}: asked for {n_docs} documents, this Python installation's held-out standard "
-                     f"library gives {len(docs)}")
+    raise ConfigError(f"{TASK_NAME}: asked for {n_docs} documents, this Python installation's held-out standard "
+                      f"library gives {len(docs)}; ask for fewer (--limit, TrainConfig.downstream_limit)")
 
 
 def _dataset(n_docs: int, seed: int, **metadata) -> datasets.DatasetDict:

@@ -1,6 +1,6 @@
-"""Every architecture a ModelConfig expresses, exported at tiny shapes: transformers (torch, float32) gives our logits and
-our greedy tokens, and the import gives back every float32 parameter bit for bit (from the weights alone: exact where
-the fold is injective, one ulp off at most elsewhere)."""
+"""Every architecture a ModelConfig expresses, exported at tiny shapes: transformers (torch, float32) gives our logits
+and our greedy tokens, and the import gives back every float32 parameter bit for bit (from the weights alone: exact
+where the fold is injective, one ulp off at most elsewhere)."""
 
 import dataclasses
 import os

@@ -1,4 +1,5 @@
-"""The model card (README.md) of an export: the run (plan, final losses, downstream scores) and what the folder holds."""
+"""The model card (README.md) of an export: the run (plan, final losses, downstream scores) and what the folder
+holds."""
 
 import csv
 import json
@@ -81,8 +82,9 @@ def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, 
                                               if cfg.tie_embeddings else ".") + " " + tokenizer_note + ".", "",
         "`config.json` carries the run's ModelConfig (`celerity_model`): `celerity import-hf` unfolds the weights "
         "with it. A fold by a factor that is not a power of two can map two float32 values to one; "
-        + (f"`{fold.LOST_BITS}` holds the bit that tells them apart for the {lost_values:,} values where that happened, "
-           "so the import of these weights is bit for bit (weights changed since come back at most one ulp off)."
+        + (f"`{fold.LOST_BITS}` holds the bit that tells them apart for the {lost_values:,} values where that "
+           "happened, so the import of these weights is bit for bit (weights changed since come back at most one "
+           "ulp off)."
            if lost_values else "no value of these weights was, so the import is bit for bit."
            if dtype == "float32" else "in bfloat16 every weight is rounded, so the import is close, not exact."),
         "",

@@ -180,5 +180,6 @@ def from_hf(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict
             for j, p in enumerate("qkv"):
                 folded[f"{attn}/{p}/kernel"] = w_Hx3xKxD[:, j].reshape(h * k, d).T
                 if cfg.use_bias:
-                    folded[f"{attn}/{p}/bias"] = np.asarray(tensors[f"{name}.bias"]).reshape(h, 3, k)[:, j].reshape(h * k)
+                    b_Hx3xK = np.asarray(tensors[f"{name}.bias"]).reshape(h, 3, k)
+                    folded[f"{attn}/{p}/bias"] = b_Hx3xK[:, j].reshape(h * k)
     return folded

@@ -1,8 +1,9 @@
 """The run directory of an imported model: what `loader.load_model` and TrainConfig.init_from read.
 
 Its configs are those of the run that will start from it (gin files and bindings; without any, the defaults with
-the sequence length capped at the model's context) with the imported ModelConfig and tokenizer bound over them; its checkpoint at step 0 is the train state such a run starts
-with (fresh optimizer state, empty monitor curve, data iterator at its start) holding the imported parameters.
+the sequence length capped at the model's context) with the imported ModelConfig and tokenizer bound over them; its
+checkpoint at step 0 is the train state such a run starts with (fresh optimizer state, empty monitor curve, data
+iterator at its start) holding the imported parameters.
 """
 
 import dataclasses

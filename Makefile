@@ -26,8 +26,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/celerity demo --workdir runs/demo
 
+# Two workers, one per core, each taking whole test files (so that module fixtures are built once).
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m slow

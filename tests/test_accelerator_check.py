@@ -1,5 +1,6 @@
 """benchmarks/accelerator_check.sh --dry-run: the end-to-end pass (benchmarks/end_to_end.sh) on the CPU at its tiny
-shape, as the GPU check runs it at a real one: BPE shards, a killed and resumed run, eval, sample, memory."""
+shape, as the GPU check runs it at a real one: BPE shards, a killed and resumed run, eval, sample, memory. About
+a minute: slow (`make test-slow`)."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 SCRIPT = "benchmarks/accelerator_check.sh"
 TIMEOUT_S = 300

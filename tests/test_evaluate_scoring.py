@@ -47,7 +47,7 @@ def _mesh():
 
 
 def test_batching_never_changes_a_score(params):
-    requests = _requests(0, 21)
+    requests = _requests(0, 11)
     expected = [_alone(params, *r) for r in requests]
     for batch_size in (1, 4, 16):
         scorer = scoring.Scorer(CFG, params, _mesh(), batch_size)
@@ -55,7 +55,10 @@ def test_batching_never_changes_a_score(params):
         np.testing.assert_allclose([s.logprob for s in got], [e[0] for e in expected], atol=1e-5, rtol=1e-5)
         assert [s.greedy for s in got] == [e[1] for e in expected]
         assert not any(s.truncated for s in got)
-    assert 0.5 < scorer.stats.real_share <= 1.0
+        fed = scorer.stats.fed_tokens
+        assert scorer.stats.real_tokens == sum(len(c) + len(t) - 1 for c, t in requests) <= fed
+        if batch_size == 1:  # one request a row: only the bucket's padding
+            assert scorer.stats.real_share > 0.5
 
 
 def test_a_greedy_continuation_is_marked_greedy(params):

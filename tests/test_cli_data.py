@@ -1,6 +1,8 @@
 import json
 import os
 
+import pytest
+
 from celerity_jax import cli
 
 
@@ -25,7 +27,21 @@ def test_prepare_data_writes_shards_and_says_how_to_train_on_them(tmp_path, caps
 def test_prepare_data_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert cli.main(["prepare-data", "--input", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "celerity prepare-data: error: DataConfig.paths" in err and "missing.txt" in err
+    assert "celerity prepare-data: error: --input: " in err and "missing.txt" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flags, lines, message", [
+    (["--val-fraction", "2"], None, "error: --val-fraction=2.0 must lie strictly between 0 and 1"),
+    (["--on-bad-record", "fail"], '{"text": "a"}\nnot json\n', "fix or remove it, or set --on-bad-record skip to skip"),
+    (["--text-column", "body"], '{"text": "a"}\n', "(--text-column))); check the text column (--text-column='body')"),
+])
+def test_prepare_data_errors_name_the_flags_typed(tmp_path, capsys, flags, lines, message):
+    source = tmp_path / "a.jsonl"
+    source.write_text(lines or '{"text": "a"}\n')
+    assert cli.main(["prepare-data", "--input", str(source), *flags, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "DataConfig" not in err[0], err
     assert not (tmp_path / "o").exists()
 
 

@@ -86,7 +86,7 @@ def test_binary_and_undecodable_files_are_skipped_with_a_count_or_fail(tmp_path)
     assert c.stats["skipped"] == 2 and c.stats["files"] == 3
     assert any("bin.txt: binary" in s for s in c.stats["skipped_examples"])
     assert any("latin1.txt: not UTF-8 at byte 3" in s for s in c.stats["skipped_examples"])
-    with pytest.raises(ConfigError, match="bin.txt: binary.*--on-bad-record skip"):
+    with pytest.raises(ConfigError, match="bin.txt: binary.*DataConfig.on_bad_record = 'skip'"):
         corpus.load_corpus(_text_cfg(tmp_path, on_bad_record="fail"))
 
 

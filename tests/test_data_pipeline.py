@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 import warnings
 
 import numpy as np
@@ -161,8 +162,23 @@ def test_a_corpus_shorter_than_one_sequence_is_an_error(cfg):
 
 def test_vocab_check():  # the sequence length is checked by recipe.make_plan (tests/test_recipe.py)
     pipeline.check_vocab(257, 257)
+    pipeline.check_vocab(50257, 50304)  # a vocabulary padded to a round size
     with pytest.raises(ConfigError, match="257 token ids but ModelConfig.vocab_size=256.*at least 257"):
         pipeline.check_vocab(pipeline.tokenizer_vocab_size(DataConfig()), 256)
+
+
+def test_a_celerity_config_on_the_built_in_corpus_is_told_what_corpus_it_needs(repo_root, tmp_path):
+    from celerity_jax import gin_config
+    from celerity_jax.train import loop
+
+    configs = gin_config.parse_gin([os.path.join(repo_root, "experiments/celerity/300m_20tpp.gin")])
+    with pytest.raises(ConfigError) as raised:
+        loop.train(configs, str(tmp_path / "run"), log=lambda _: None)
+    message = str(raised.value)
+    assert message.startswith("ModelConfig.vocab_size=128,256 is made for another tokenizer than the data's ('byte' "
+                              "tokenizer of the built-in corpus: 257 token ids)")
+    assert "Llama-3 tokenizer" in message and "celerity prepare-data --input FILES --tokenizer" in message
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ def test_parquet_without_a_string_text_column_stops_in_either_mode(tmp_path, col
     path = _parquet(tmp_path / "a.parquet", pa.table(columns))
     with pytest.raises(ConfigError) as e:
         _read(path, on_bad=on_bad)
-    fix = "; name the text column with --text-column (DataConfig.text_column)"
+    fix = "; name the text column in DataConfig.text_column"
     assert str(e.value) == problem.format(path=path) + fix
 
 
@@ -165,9 +165,9 @@ def _null_row_parquet(path):
 # name, contents (bytes or a writer), what each skipped record says (after "{path}"), the documents kept
 BAD_INPUTS = [
     ("bad.jsonl", b'{"text": "a"}\n{"text": \n', [":2: not JSON (Expecting value)"], [(":1", "a")]),
-    ("list.jsonl", b'["text"]\n{"text": "b"}\n', [":1: no string field 'text' (--text-column)"], [(":2", "b")]),
+    ("list.jsonl", b'["text"]\n{"text": "b"}\n', [":1: no string field 'text' (DataConfig.text_column)"], [(":2", "b")]),
     ("field.jsonl", b'{"body": "a"}\n{"text": 5}\n{"text": "c"}\n',
-     [":1: no string field 'text' (--text-column)", ":2: no string field 'text' (--text-column)"], [(":3", "c")]),
+     [":1: no string field 'text' (DataConfig.text_column)", ":2: no string field 'text' (DataConfig.text_column)"], [(":3", "c")]),
     ("latin.jsonl", b'{"text": "a"}\n{"text": "caf\xe9"}\n', [":2: not UTF-8"], [(":1", "a")]),
     ("surrogate.jsonl", b'{"text": "\\ud800"}\n{"text": "\\ud83d\\ude00"}\n',
      [":1: a lone surrogate escape in 'text' is not UTF-8"], [(":2", "\U0001f600")]),
@@ -208,8 +208,8 @@ def test_bad_records_stop_the_read_when_failing(tmp_path, name, contents, skippe
     path = _write(tmp_path, name, contents)
     with pytest.raises(ConfigError) as e:
         _read(path, on_bad="fail")
-    assert re.fullmatch(re.escape(path + skipped[0]) + r".*; fix or remove it, or pass --on-bad-record skip "
-                        r"\(DataConfig.on_bad_record = 'skip'\) to skip such records with a count", str(e.value))
+    assert re.fullmatch(re.escape(path + skipped[0]) + r".*; fix or remove it, or set DataConfig.on_bad_record = "
+                        r"'skip' to skip such records with a count", str(e.value))
 
 
 def test_corrupt_parquet_is_one_whole_file_piece(tmp_path):

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 
 from celerity_jax.data.config import DEFAULT_CHUNK_TOKENS, DEFAULT_SHARD_TOKENS, ON_BAD_RECORD
 
@@ -41,7 +42,29 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=prepare_data_command, retain_host_memory=False)
 
 
+# The DataConfig field each prepare-data flag sets: an error names the flag the user typed, not the field.
+FLAGS = {"paths": "--input", "val_paths": "--val-input", "text_column": "--text-column", "tokenizer": "--tokenizer",
+         "separator_token": "--separator-token", "val_fraction": "--val-fraction", "on_bad_record": "--on-bad-record"}
+
+
+def in_flags(message: str) -> str:
+    """`message` with each DataConfig field that a flag sets named by the flag (`DataConfig.x = 'v'` as `--x v`)."""
+    for field, flag in FLAGS.items():
+        message = re.sub(rf"DataConfig\.{field} = '([^']*)'", rf"{flag} \1", message)
+        message = re.sub(rf"DataConfig\.{field}\b", flag, message)
+    return message
+
+
 def prepare_data_command(args: argparse.Namespace) -> int:
+    from celerity_jax.errors import ConfigError
+
+    try:
+        return _prepare_data(args)
+    except ConfigError as e:
+        raise ConfigError(in_flags(str(e))) from None
+
+
+def _prepare_data(args: argparse.Namespace) -> int:
     from celerity_jax.data.config import DataConfig
     from celerity_jax.errors import ConfigError
 

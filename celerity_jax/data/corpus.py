@@ -216,8 +216,8 @@ def tokenize_task(cfg: DataConfig, task: Task) -> TaskResult:
 def empty_corpus_error(cfg: DataConfig, report: ReadReport) -> ConfigError:
     where = "the standard library" if cfg.source == "stdlib" else f"DataConfig.paths={list(cfg.paths)}"
     hint = "give files with text"
-    if any("--text-column" in b for b in report.bad.examples):
-        hint = f"check the text column (DataConfig.text_column={cfg.text_column!r}, --text-column)"
+    if any("DataConfig.text_column" in b for b in report.bad.examples):
+        hint = f"check the text column (DataConfig.text_column={cfg.text_column!r})"
     elif report.documents["val"]:
         hint = "every document fell into the validation split: add files or name them in DataConfig.val_paths"
     return ConfigError(f"the training split of {where} is empty ({report.summary()}); {hint}")

@@ -66,8 +66,28 @@ def tokenizer_vocab_size(cfg: DataConfig) -> int:
     return load_tokenizer(cfg.tokenizer, cfg.separator_token).vocab_size
 
 
-def check_vocab(tokenizer_vocab: int, model_vocab: int) -> None:
-    """ConfigError unless every token id fits the model's embedding table."""
+def tokenizer_label(cfg: DataConfig) -> str:
+    """How an error names the data's tokenizer, and where it comes from."""
+    where = "the built-in corpus" if cfg.source == "stdlib" else ", ".join(cfg.paths)
+    return f"{cfg.tokenizer!r} tokenizer of {where}"
+
+
+# A model vocabulary this many times the data's is made for another tokenizer (padding a vocabulary to a round size
+# adds far less).
+VOCAB_MISMATCH_RATIO = 4
+
+
+def check_vocab(tokenizer_vocab: int, model_vocab: int, tokenizer_name: str = "") -> None:
+    """ConfigError unless every token id fits the model's embedding table, and the table is made for this data's
+    tokenizer: a model vocabulary VOCAB_MISMATCH_RATIO times the data's expects another tokenized corpus."""
+    if model_vocab >= VOCAB_MISMATCH_RATIO * tokenizer_vocab:
+        raise ConfigError(
+            f"ModelConfig.vocab_size={model_vocab:,} is made for another tokenizer than the data's ({tokenizer_name}"
+            f"{': ' if tokenizer_name else ''}{tokenizer_vocab:,} token ids): this config expects a corpus tokenized with its own "
+            "tokenizer (the Celerity configs: the Llama-3 tokenizer, 128,256 ids). Make one with `celerity "
+            "prepare-data --input FILES --tokenizer TOKENIZER.json --out DIR`, then train with DataConfig.source = "
+            "'arrayrecord', DataConfig.paths = ('DIR',) and DataConfig.tokenizer = 'TOKENIZER.json' (README: "
+            "Preparing a corpus)")
     if tokenizer_vocab > model_vocab:
         raise ConfigError(f"the tokenizer has {tokenizer_vocab} token ids but ModelConfig.vocab_size="
                           f"{model_vocab}; set ModelConfig.vocab_size to at least {tokenizer_vocab} or use a "

@@ -89,8 +89,8 @@ class BadRecords:
     def add(self, what: str, on_bad: str) -> None:
         """Count the record described by `what`, or raise ConfigError when on_bad is "fail"."""
         if on_bad == "fail":
-            raise ConfigError(f"{what}; fix or remove it, or pass --on-bad-record skip "
-                              "(DataConfig.on_bad_record = 'skip') to skip such records with a count")
+            raise ConfigError(f"{what}; fix or remove it, or set DataConfig.on_bad_record = 'skip' to skip such "
+                              "records with a count")
         self.count += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(what)
@@ -168,7 +168,7 @@ def _jsonl_documents(piece: Piece, text_column: str, on_bad: str, bad: BadRecord
             continue
         text = record.get(text_column) if isinstance(record, dict) else None
         if not isinstance(text, str):
-            bad.add(f"{piece.path}:{lineno}: no string field {text_column!r} (--text-column)", on_bad)
+            bad.add(f"{piece.path}:{lineno}: no string field {text_column!r} (DataConfig.text_column)", on_bad)
             continue
         try:
             text.encode("utf-8")  # JSON can escape a lone surrogate, which no tokenizer can encode
@@ -180,7 +180,7 @@ def _jsonl_documents(piece: Piece, text_column: str, on_bad: str, bad: BadRecord
 
 def _check_text_column(schema: pa.Schema, path: str, text_column: str) -> None:
     """ConfigError unless the Parquet schema has a string column `text_column`."""
-    fix = "name the text column with --text-column (DataConfig.text_column)"
+    fix = "name the text column in DataConfig.text_column"
     if text_column not in schema.names:
         raise ConfigError(f"{path} has no column {text_column!r} (its columns: {', '.join(schema.names)}); {fix}")
     kind = schema.field(text_column).type

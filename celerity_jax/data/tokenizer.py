@@ -113,7 +113,7 @@ def _find_separator(path: str, separator_token: str, token_to_id) -> int:
         raise ConfigError(f"DataConfig.separator_token={separator_token!r} is not a token of {path}; "
                           "name one of its tokens (its end-of-text token is the usual choice)")
     raise ConfigError(f"the tokenizer {path} has none of the end-of-text tokens {END_OF_TEXT_TOKENS}; set "
-                      "DataConfig.separator_token (prepare-data: --separator-token) to the token placed "
+                      "DataConfig.separator_token to the token placed "
                       "between documents")
 
 

@@ -66,7 +66,8 @@ def check_run(configs: RunConfigs, workdir: str) -> tuple[recipe.Plan, jax.shard
     for path in configs.train.collapse_reference:
         check_local_path(path, "TrainConfig.collapse_reference")
     plan = recipe.make_plan(configs.model, configs.recipe)
-    data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), configs.model.vocab_size)
+    data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), configs.model.vocab_size,
+                         data_lib.tokenizer_label(configs.data))
     mesh = sharding.make_mesh(configs.train.mesh_shape)
     sharding.check_batch_divisible(plan.batch_seqs, mesh, configs.train.microbatches)
     downstream.Downstream.checked(configs.train)  # task names and data files

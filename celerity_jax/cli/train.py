@@ -2,6 +2,10 @@
 `celerity_jax.run`."""
 
 import argparse
+import sys
+
+# Seconds without a heartbeat after which a process counts as lost (JAX's own default is 100).
+HEARTBEAT_TIMEOUT_S = 10
 
 
 def add_commands(subparsers) -> None:
@@ -15,6 +19,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--coordinator-address", help="multi-host: host:port of process 0 (implies --distributed)")
     p.add_argument("--num-processes", type=int, help="multi-host: number of processes")
     p.add_argument("--process-id", type=int, help="multi-host: this process's index")
+    p.add_argument("--heartbeat-timeout", type=int, default=HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
+                   help="multi-host: a process silent this long counts as lost, and the others stop "
+                        f"(default {HEARTBEAT_TIMEOUT_S})")
     p.add_argument("--verbose", action="store_true",
                    help="library logs and full tracebacks on the console too (else in <workdir>/celerity.log); "
                         "CELERITY_VERBOSE=1 does the same")
@@ -22,16 +29,20 @@ def add_commands(subparsers) -> None:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from celerity_jax.train import interrupts, logfile
+    from celerity_jax.train import interrupts, logfile, supervisor
 
+    if (args.coordinator_address or args.distributed) and not supervisor.is_child():
+        # a lost process is then reported in one line (train/supervisor.py)
+        return supervisor.train_supervised(sys.argv[1:], args.process_id, args.heartbeat_timeout)
     logfile.send_library_output_to_log(args.workdir, args.verbose or logfile.verbose_from_env())
     with interrupts.handled():  # before JAX starts: an early Ctrl-C must not land inside its callbacks
         import jax
 
         if args.coordinator_address:  # before anything else touches JAX
-            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                       heartbeat_timeout_seconds=args.heartbeat_timeout)
         elif args.distributed:
-            jax.distributed.initialize()
+            jax.distributed.initialize(heartbeat_timeout_seconds=args.heartbeat_timeout)
         from celerity_jax import run
 
         interrupts.raise_if_requested()

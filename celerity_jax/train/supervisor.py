@@ -1,0 +1,74 @@
+"""A multi-host `celerity train` that loses a process stops with one line instead of a stack trace.
+
+JAX's distributed runtime notices a process that stops sending heartbeats (`--heartbeat-timeout`) and then
+aborts every other process from C++ (SIGABRT, a stack trace), which Python cannot catch. So each process trains in
+a child of itself: the parent passes the child's output through, and when the child was aborted by the runtime it
+drops the stack trace and says, in one line, which process was lost and how to restart. The data guarantees are
+the trainer's: nothing is written past the last checkpoint, and rerunning every process with the same command
+resumes from it.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+from celerity_jax.errors import RunStopped
+
+CHILD_ENV = "CELERITY_SUPERVISED"  # set in the child, which trains itself
+_FATAL = "Terminating process because the JAX distributed service detected fatal errors"
+_UNHEALTHY = "The following tasks are unhealthy"
+
+
+class ProcessLost(RunStopped):
+    """Another process of a multi-host run stopped answering; this one stopped too."""
+    exit_code = 5
+
+
+def is_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+def lost_processes(stderr_lines: list[str]) -> list[int]:
+    """The process indices the runtime reported as unhealthy (the lines after its "unhealthy" line)."""
+    lost = []
+    for i, line in enumerate(stderr_lines):
+        if _UNHEALTHY in line:
+            for following in stderr_lines[i + 1:]:
+                ids = re.findall(r"(?:task:)?(\d+)\s*$", following.strip())
+                if not ids:
+                    break
+                lost.append(int(ids[0]))
+            break
+    return sorted(set(lost))
+
+
+def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout: int) -> int:
+    """Runs `celerity <argv>` in a child process; returns its exit code, or raises ProcessLost when the distributed
+    runtime aborted it because another process was lost."""
+    child = subprocess.Popen([sys.executable, "-m", "celerity_jax.cli", *argv], env={**os.environ, CHILD_ENV: "1"},
+                             stderr=subprocess.PIPE, text=True, errors="replace")
+    # Ctrl-C reaches the child from the terminal itself; the child saves a checkpoint and exits.
+    previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    lines, aborting = [], False
+    try:
+        for line in child.stderr:
+            lines.append(line)
+            aborting = aborting or _FATAL in line or _UNHEALTHY in line
+            if not aborting:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGTERM, previous_term)
+    if not aborting:
+        return code
+    lost = lost_processes(lines)
+    who = f"process {', '.join(map(str, lost))}" if lost else "another process"
+    me = f"process {process_id}" if process_id is not None else "this process"
+    raise ProcessLost(f"{who} of this run sent no heartbeat for {heartbeat_timeout} s, so {me} stopped; nothing is "
+                      "written past the last checkpoint: restart every process with the same command to resume from "
+                      "it")

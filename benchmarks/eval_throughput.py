@@ -38,6 +38,7 @@ import numpy as np
 from celerity_jax import hostmem, sharding
 from celerity_jax.data.tokenizer import ByteTokenizer
 from celerity_jax.evaluate import sampler, scoring
+from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import presets, transformer
 
@@ -48,13 +49,6 @@ class NoEndOfText(ByteTokenizer):
     """Bytes, with no token that ends a generation."""
     separator_id = -1
 
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def timed(fn) -> float:
@@ -190,8 +184,9 @@ def main() -> int:
     params = transformer.init_params(cfg, jax.random.key(args.seed))
     mesh = sharding.make_mesh((-1, 1, 1))
     rng = np.random.default_rng(args.seed)
-    machine = {"machine": platform.machine(), "cpu": cpu_name(), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-               "backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "host": platform.node()}
+    machine = {"machine": platform.machine(), "cpu": host_cpu_name(), "cpu_count": os.cpu_count(),
+               "jax": jax.__version__, "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+               "host": platform.node()}
     model = {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "head_dim": cfg.head_dim,
              "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "dtype": cfg.dtype,
              "attention": cfg.attention_kernel}

@@ -44,6 +44,7 @@ import optax
 from celerity_jax import hostmem, recipe, sharding
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.config import MonitorConfig
+from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import params as params_lib, presets, transformer
 from celerity_jax.model.config import ATTENTION_IMPLS, ModelConfig
@@ -265,13 +266,6 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     }
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
 
 def print_rows(rows: list[dict], peak: float, args, cpu: bool) -> None:
     """The table (adding each row's fraction of the machine's peak), then what its columns mean."""
@@ -348,7 +342,7 @@ def main() -> int:
 
     n = 2048 if cpu else 8192
     machine = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-               "devices": jax.device_count(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+               "devices": jax.device_count(), "cpu": host_cpu_name(), "cpu_count": os.cpu_count(),
                "host": platform.node(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                "host_memory": dataclasses.asdict(host_memory),
                "peak_matmul": f"{n}x{n} {'float32' if cpu else 'bfloat16'}"}

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import platform
 import re
 import tempfile
 from importlib import metadata
@@ -208,3 +209,12 @@ def _has_accelerator(sysfs: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def host_cpu_name() -> str:
+    """This host's CPU model, as /proc/cpuinfo names it (where there is one), for benchmark records."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()

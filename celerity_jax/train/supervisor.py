@@ -17,8 +17,11 @@ import sys
 from celerity_jax.errors import RunStopped
 
 CHILD_ENV = "CELERITY_SUPERVISED"  # set in the child, which trains itself
-_FATAL = "Terminating process because the JAX distributed service detected fatal errors"
 _UNHEALTHY = "The following tasks are unhealthy"
+# What the runtime logs as it gives up on the run: a lost task reported by the coordinator, or the coordinator
+# itself gone (when process 0 is the one lost).
+_RUNTIME_FAILURE = (_UNHEALTHY, "Terminating process because the JAX distributed service detected fatal errors",
+                    "Polled an error from coordination service", "Failed to send heartbeat")
 
 
 class ProcessLost(RunStopped):
@@ -56,7 +59,7 @@ def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout:
     try:
         for line in child.stderr:
             lines.append(line)
-            aborting = aborting or _FATAL in line or _UNHEALTHY in line
+            aborting = aborting or any(marker in line for marker in _RUNTIME_FAILURE)
             if not aborting:
                 sys.stderr.write(line)
                 sys.stderr.flush()
@@ -67,8 +70,8 @@ def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout:
     if not aborting:
         return code
     lost = lost_processes(lines)
-    who = f"process {', '.join(map(str, lost))}" if lost else "another process"
     me = f"process {process_id}" if process_id is not None else "this process"
-    raise ProcessLost(f"{who} of this run sent no heartbeat for {heartbeat_timeout} s, so {me} stopped; nothing is "
-                      "written past the last checkpoint: restart every process with the same command to resume from "
-                      "it")
+    who = (f"process {', '.join(map(str, lost))} of this run sent no heartbeat for {heartbeat_timeout} s" if lost
+           else "the run's coordinator (process 0) is gone or reported a failed process")
+    raise ProcessLost(f"{who}, so {me} stopped; nothing is written past the last checkpoint: restart every process "
+                      "with the same command to resume from it")

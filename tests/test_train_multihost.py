@@ -38,46 +38,64 @@ def test_two_processes_match_one(tmp_path, tiny_configs, curve_losses, tiny_gin,
     assert (tmp_path / "two" / "checkpoints" / "10").is_dir()
 
 
-def test_a_lost_process_stops_the_other_in_seconds_with_one_line_and_a_rerun_resumes(tmp_path, tiny_configs,
-                                                                                    curve_losses, tiny_gin, repo_root):
+LOST_STEPS = ("TrainConfig.stop_at_step = 40", "TrainConfig.eval_every = 0", "TrainConfig.checkpoint_every = 10",
+              "TrainConfig.log_every = 1")
+
+
+def _start_two(workdir, tiny_gin, repo_root, stderr=subprocess.PIPE) -> list[subprocess.Popen]:
+    """Both processes of the tiny run (LOST_STEPS), each in its own process group, a lost process noticed in 3 s."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(workdir), "--coordinator-address",
+           f"localhost:{port}", "--num-processes", "2", "--heartbeat-timeout", "3"]
+    cmd += [a for g in tiny_gin for a in ("--gin-file", g)] + [a for p in LOST_STEPS for a in ("--gin-param", p)]
+    return [subprocess.Popen(cmd + ["--process-id", str(i)], cwd=repo_root, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                             stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+            for i in range(2)]
+
+
+def _lose_at_step_15(procs: list[subprocess.Popen], lost: int) -> tuple[subprocess.Popen, list[str], float]:
+    """Kills the process group of procs[lost] (its host is gone) once process 0 has logged step 15; returns the
+    survivor, its stderr lines and the seconds it took to stop."""
     import signal
     import threading
     import time
 
-    steps = ("TrainConfig.stop_at_step = 40", "TrainConfig.eval_every = 0", "TrainConfig.checkpoint_every = 10",
-             "TrainConfig.log_every = 1")
-    loop.train(tiny_configs(*steps), str(tmp_path / "one"), log=lambda _: None)
-    def command(process_id: int, port: int) -> list[str]:
-        cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(tmp_path / "two"),
-               "--coordinator-address", f"localhost:{port}", "--num-processes", "2", "--process-id", str(process_id),
-               "--heartbeat-timeout", "3"]
-        return cmd + [a for g in tiny_gin for a in ("--gin-file", g)] + [a for p in steps for a in ("--gin-param", p)]
-
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    port = _free_port()
-    procs = [subprocess.Popen(command(i, port), cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) for i in range(2)]
     printed = []
     reader = threading.Thread(target=lambda: printed.extend(procs[0].stdout))
     reader.start()
     deadline = time.time() + 300
     while not any(line.startswith("step 15/") for line in printed) and time.time() < deadline:
         time.sleep(0.1)
-    os.killpg(procs[1].pid, signal.SIGKILL)  # the host of process 1 is lost: its supervisor and trainer
+    os.killpg(procs[lost].pid, signal.SIGKILL)
     killed = time.time()
-    err = procs[0].communicate(timeout=120)[1].strip().splitlines()
+    survivor = procs[1 - lost]
+    err = survivor.communicate(timeout=120)[1].strip().splitlines()
+    seconds = time.time() - killed
     reader.join()
-    assert procs[0].returncode == 5 and time.time() - killed < 30
+    return survivor, err, seconds
+
+
+def test_a_lost_process_stops_the_other_in_seconds_with_one_line_and_a_rerun_resumes(tmp_path, tiny_configs,
+                                                                                    curve_losses, tiny_gin, repo_root):
+    loop.train(tiny_configs(*LOST_STEPS), str(tmp_path / "one"), log=lambda _: None)
+    survivor, err, seconds = _lose_at_step_15(_start_two(tmp_path / "two", tiny_gin, repo_root), lost=1)
+    assert survivor.returncode == 5 and seconds < 30
     assert err[-1].startswith("celerity train: process 1 of this run sent no heartbeat for 3 s, so process 0 "
                               "stopped") and not any("Check failure stack trace" in line for line in err), err
-    port = _free_port()
-    procs = [subprocess.Popen(command(i, port), cwd=repo_root, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    procs = _start_two(tmp_path / "two", tiny_gin, repo_root, stderr=subprocess.STDOUT)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     one, two = curve_losses(tmp_path / "one"), curve_losses(tmp_path / "two")
     assert sorted(two) == list(range(1, 41))
     np.testing.assert_allclose([two[s] for s in range(1, 41)], [one[s] for s in range(1, 41)], rtol=1e-5)
+
+
+def test_when_the_coordinator_is_lost_the_others_stop_with_one_line(tmp_path, tiny_gin, repo_root):
+    survivor, err, seconds = _lose_at_step_15(_start_two(tmp_path / "run", tiny_gin, repo_root), lost=0)
+    assert survivor.returncode == 5 and seconds < 30
+    assert err[-1].startswith("celerity train: the run's coordinator (process 0) is gone or reported a failed "
+                              "process, so process 1 stopped"), err
+    assert not any("Check failure stack trace" in line for line in err), err
 
 
 def test_the_lost_processes_are_read_from_the_runtime_report():

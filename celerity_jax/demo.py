@@ -118,11 +118,7 @@ def score_downstream(workdir: str, runs: list[DemoRun], log=print) -> dict[str, 
     out = {}
     for r in runs:
         run_dir = r.workdir(workdir)
-        path = results.result_path(run_dir, loader.saved_step(run_dir, None))
-        content = None
-        if os.path.isfile(path):
-            with open(path) as f:
-                content = json.load(f)
+        content = results.load(run_dir, loader.saved_step(run_dir, None))
         if (content or {}).get("tasks", {}).get(builtin_task.TASK_NAME, {}).get("docs") != DOWNSTREAM_DOCS:
             log(f"\n== {r.name}: scoring the built-in task {builtin_task.TASK_NAME} ({DOWNSTREAM_DOCS} documents)")
             content = harness.evaluate_checkpoint(run_dir, None, builtin_task.TASK_NAME, None, DOWNSTREAM_DOCS)

@@ -113,22 +113,19 @@ def check_can_decode(tokenizer) -> None:
                           "tokenizer.json with a decoder")
 
 
-def run_tasks(lm: CelerityLM, specs: list[tasks.TaskSpec], data_dir: str | None, limit: int | None,
-              task_manager=None) -> dict:
-    """The harness's results for `specs`, after the local files are checked: {task: {"metric", "value",
-    "stderr", "docs", "shots", "truncated"}} (truncated: requests cut to fit the model's context)."""
+def run_tasks(lm: CelerityLM, checked: tasks.CheckedTasks, limit: int | None) -> dict:
+    """The harness's results for the checked tasks: {task: {"metric", "value", "stderr", "docs", "shots",
+    "truncated"}} (truncated: requests cut to fit the model's context)."""
     import lm_eval
 
     for name in ("lm-eval", "lm_eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    task_manager = task_manager or tasks.task_manager()
-    configs = [tasks.harness_config(s, data_dir, task_manager, limit) for s in specs]
-    built = task_manager.load(configs)["tasks"]
+    built = checked.manager.load(checked.configs)["tasks"]
     out = {}
-    for s in specs:  # one at a time, to count each task's truncated requests
+    for s in checked.specs:  # one at a time, to count each task's truncated requests
         lm.truncated = 0
         results = lm_eval.simple_evaluate(model=lm, tasks=[built[s.name]], limit=limit, log_samples=False,
-                                          task_manager=task_manager, bootstrap_iters=1000)
+                                          task_manager=checked.manager, bootstrap_iters=1000)
         scores = results["results"][s.name]
         out[s.name] = {"metric": s.metric, "value": float(scores[f"{s.metric},none"]),
                        "stderr": _number(scores.get(f"{s.metric}_stderr,none")),
@@ -151,10 +148,7 @@ def evaluate_checkpoint(workdir: str, step: int | None, task_text: str, data_dir
     with the scores added."""
     from celerity_jax.evaluate import loader, results
 
-    task_manager = tasks.task_manager(stock=tasks.needs_stock_tasks(task_text))
-    specs = tasks.parse_tasks(task_text, task_manager.all_subtasks)
-    for spec in specs:
-        tasks.harness_config(spec, data_dir, task_manager)
+    checked = tasks.checked_tasks(task_text, data_dir, limit)
     model = loader.load_model(workdir, step)
     lm = CelerityLM(model.cfg, model.params, model.mesh, model.tokenizer, batch_size)
-    return results.record(workdir, model.step, model.plan, run_tasks(lm, specs, data_dir, limit, task_manager))
+    return results.record(workdir, model.step, model.plan, run_tasks(lm, checked, limit))

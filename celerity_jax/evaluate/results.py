@@ -21,6 +21,15 @@ def result_path(workdir: str, step: int) -> str:
     return os.path.join(workdir, DOWNSTREAM_DIR, f"step_{step}.json")
 
 
+def load(workdir: str, step: int) -> dict | None:
+    """The step's results file, or None when nothing was scored at that step."""
+    path = result_path(workdir, step)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def average(scores: dict[str, dict]) -> dict | None:
     """{"value", "tasks"}: the mean over the paper's seven when all are there, else over all; None below two."""
     paper = [name for name, _ in tasks.PRESETS["celerity"]]
@@ -33,11 +42,7 @@ def average(scores: dict[str, dict]) -> dict | None:
 def record(workdir: str, step: int, plan: dict, scores: dict[str, dict], write_tensorboard: bool = True) -> dict:
     """Adds `scores` (harness.run_tasks's) to the step's file and to TensorBoard; returns the file's content."""
     path = result_path(workdir, step)
-    previous = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            previous = json.load(f)["tasks"]
-    merged = {**previous, **scores}
+    merged = {**(load(workdir, step) or {}).get("tasks", {}), **scores}
     tokens = step * plan["batch_tokens"]
     content = {"workdir": os.path.abspath(workdir), "step": step, "frac": step / plan["steps"],
                "n_params": plan["n_params"], "tokens": tokens, "train_flops": tokens * plan["flops_per_token"],

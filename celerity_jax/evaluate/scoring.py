@@ -54,8 +54,8 @@ def target_logprobs(cfg: ModelConfig, params, inputs_BxL, targets_BxL):
         logprob_BxC = target_BxC - jax.nn.logsumexp(logits_BxCxV, axis=-1)
         return logprob_BxC, jnp.argmax(logits_BxCxV, axis=-1) == targets_BxC
 
-    by_chunk = lambda t: t.reshape(batch, seq_len // chunk, chunk, *t.shape[2:]).swapaxes(0, 1)
-    logprob_NxBxC, greedy_NxBxC = jax.lax.map(one_chunk, (by_chunk(x_BxLxD), by_chunk(targets_BxL)))
+    logprob_NxBxC, greedy_NxBxC = jax.lax.map(one_chunk, (loss.by_chunk(chunk, x_BxLxD),
+                                                          loss.by_chunk(chunk, targets_BxL)))
     unchunk = lambda t: t.swapaxes(0, 1).reshape(batch, seq_len)
     return unchunk(logprob_NxBxC), unchunk(greedy_NxBxC)
 

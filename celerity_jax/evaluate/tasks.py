@@ -128,6 +128,22 @@ def _check_documents(path: str, fields: tuple[str, ...], expected: str) -> None:
         raise ConfigError(f"{path} is empty; it must hold {expected}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckedTasks:
+    """The tasks a --tasks list names, each with the config the harness builds it from (its data files checked),
+    and the task index they were found in."""
+    specs: list[TaskSpec]
+    configs: list[dict]
+    manager: object
+
+
+def checked_tasks(task_text: str, data_dir: str | None, limit: int | None) -> CheckedTasks:
+    """Parses a --tasks list and checks every data file it needs (nothing is read from a model)."""
+    manager = task_manager(stock=needs_stock_tasks(task_text))
+    specs = parse_tasks(task_text, manager.all_subtasks)
+    return CheckedTasks(specs, [harness_config(s, data_dir, manager, limit) for s in specs], manager)
+
+
 def harness_config(spec: TaskSpec, data_dir: str | None, task_manager, limit: int | None = None) -> dict:
     """The task config the harness builds the task from: the stock config with its data pointed at local files,
     or the built-in task's (with `limit` documents, when more than its default)."""

@@ -2,7 +2,6 @@
 holds."""
 
 import csv
-import json
 import os
 
 from celerity_jax import markdown
@@ -38,10 +37,7 @@ def run_section(workdir: str, step: int, plan: dict) -> list[str]:
         if (row := _last_row(os.path.join(workdir, name))) is not None:
             rows.append([label, f"{float(row['loss']):.4f} (step {row['step']}, `{name}`)"])
     lines += markdown.table(["", ""], rows) + [""]
-    path = results.result_path(workdir, step)
-    if os.path.isfile(path):
-        with open(path) as f:
-            content = json.load(f)
+    if (content := results.load(workdir, step)) is not None:
         lines += ["### Downstream scores (`celerity eval`)", ""] + results.table(content) + [""]
     else:
         lines += [f"No downstream scores at step {step} (`celerity eval --workdir ... --step {step}` writes them).", ""]

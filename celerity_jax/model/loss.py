@@ -65,7 +65,7 @@ def chunked_cross_entropy(x_BxLxD: jax.Array, unembed_DxV: jax.Array, targets_Bx
     return total, {"cross_entropy": lax.stop_gradient(ce), "z_loss": lax.stop_gradient(z_term)}
 
 
-def _by_chunk(chunk_len: int, x_BxL):
+def by_chunk(chunk_len: int, x_BxL):
     """[B, L, ...] -> [L / chunk_len, B, chunk_len, ...]: the batch axis keeps its sharding."""
     b, l = x_BxL.shape[:2]
     return x_BxL.reshape(b, l // chunk_len, chunk_len, *x_BxL.shape[2:]).swapaxes(0, 1)
@@ -95,7 +95,7 @@ def _chunked(logit_scale, z_loss, chunk_len, unroll, x_BxLxD, unembed_DxV, targe
         return (sums[0] + ce_sum, sums[1] + z_sum), None
 
     zero = jnp.zeros([], jnp.float32)
-    chunks = (_by_chunk(chunk_len, x_BxLxD), _by_chunk(chunk_len, targets_BxL))
+    chunks = (by_chunk(chunk_len, x_BxLxD), by_chunk(chunk_len, targets_BxL))
     (ce_sum, z_sum), _ = lax.scan(body, (zero, zero), chunks, unroll=unroll)
     return _totals(z_loss, targets_BxL.size, ce_sum, z_sum)
 
@@ -128,7 +128,7 @@ def _chunked_fwd(logit_scale, z_loss, chunk_len, unroll, x_BxLxD, unembed_DxV, t
         return (ce_sum + ce_part, z_sum + z_part, dw_SxDxV), dx_BxCxD
 
     zero = jnp.zeros([], jnp.float32)
-    chunks = (_by_chunk(chunk_len, x_BxLxD), _by_chunk(chunk_len, targets_BxL))
+    chunks = (by_chunk(chunk_len, x_BxLxD), by_chunk(chunk_len, targets_BxL))
     init = (zero, zero, sharding.constrain_batch(jnp.zeros((shards, *unembed_DxV.shape), jnp.float32)))
     (ce_sum, z_sum, dw_SxDxV), dx_NxBxCxD = lax.scan(body, init, chunks, unroll=unroll)
     dx_BxLxD = dx_NxBxCxD.swapaxes(0, 1).reshape(x_BxLxD.shape)

@@ -19,8 +19,7 @@ def downstream_steps(train_cfg: TrainConfig, total_steps: int) -> frozenset[int]
 @dataclasses.dataclass(frozen=True)
 class Downstream:
     """The checked tasks of a run, and how to score its parameters on them."""
-    specs: list
-    data_dir: str | None
+    tasks: object  # evaluate.tasks.CheckedTasks
     limit: int | None
     batch_size: int
 
@@ -32,28 +31,25 @@ class Downstream:
             return None
         from celerity_jax.evaluate import tasks
 
-        text = ",".join(train_cfg.downstream_tasks)
-        manager = tasks.task_manager(stock=tasks.needs_stock_tasks(text))
-        specs = tasks.parse_tasks(text, manager.all_subtasks)
-        data_dir = train_cfg.downstream_data_dir or None
-        for spec in specs:
-            tasks.harness_config(spec, data_dir, manager)
-        return cls(specs, data_dir, train_cfg.downstream_limit or None, train_cfg.downstream_batch_size)
+        limit = train_cfg.downstream_limit or None
+        checked = tasks.checked_tasks(",".join(train_cfg.downstream_tasks), train_cfg.downstream_data_dir or None,
+                                      limit)
+        return cls(checked, limit, train_cfg.downstream_batch_size)
 
     def score(self, model_cfg, data_cfg, params, mesh) -> dict[str, dict]:
         """harness.run_tasks's scores of `params` (as the run trains them, on its mesh)."""
-        from celerity_jax.evaluate import harness, tasks
+        from celerity_jax.evaluate import harness
 
         tokenizer = load_tokenizer(data_cfg.tokenizer, data_cfg.separator_token)
         lm = harness.CelerityLM(model_cfg, params, mesh, tokenizer, self.batch_size)
-        manager = tasks.task_manager(stock=tasks.needs_stock_tasks(",".join(s.name for s in self.specs)))
-        return harness.run_tasks(lm, self.specs, self.data_dir, self.limit, manager)
+        return harness.run_tasks(lm, self.tasks, self.limit)
 
 
-def make_downstream(configs: RunConfigs, plan, mesh, workdir: str, is_chief: bool) -> Callable | None:
-    """(step, params) -> the TensorBoard scalars of the run's downstream scores at `step`, also written to
-    downstream/step_<S>.json on process 0 (other processes score too, and write nothing); None without tasks."""
-    checked = Downstream.checked(configs.train)
+def make_downstream(checked: Downstream | None, configs: RunConfigs, plan, mesh, workdir: str,
+                    is_chief: bool) -> Callable | None:
+    """(step, params) -> the TensorBoard scalars of the run's downstream scores at `step` (`checked`: the run's
+    tasks, or None), also written to downstream/step_<S>.json on process 0 (other processes score too, and write
+    nothing); None without tasks."""
     if checked is None:
         return None
     from celerity_jax.evaluate import results

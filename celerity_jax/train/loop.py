@@ -39,10 +39,11 @@ def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", forc
     found in the workdir, whatever it is."""
     is_chief = jax.process_index() == 0  # only process 0 writes files and prints
     with interrupts.handled():
-        plan, mesh = setup.check_run(configs, workdir)
+        plan, mesh, downstream_tasks = setup.check_run(configs, workdir)
         with setup.locked_workdir(workdir, is_chief, log), _library_output(workdir, is_chief, verbose):
             with setup.prepare(configs, plan, mesh, workdir, operative_config=operative_config, force_new=force_new,
-                               is_chief=is_chief, log=log if is_chief else lambda _: None) as trainer:
+                               is_chief=is_chief, log=log if is_chief else lambda _: None,
+                               downstream_tasks=downstream_tasks) as trainer:
                 end = run_loop(trainer)
     return {"workdir": workdir, "start_step": trainer.start_step, "steps": plan.steps, "stopped": end.stopped,
             **({"init_from": trainer.init_from} if trainer.init_from else {}),

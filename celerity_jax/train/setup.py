@@ -59,8 +59,10 @@ class Trainer:
         return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in batch.items()}
 
 
-def check_run(configs: RunConfigs, workdir: str) -> tuple[recipe.Plan, jax.sharding.Mesh]:
-    """The checks that need nothing read or compiled; returns the plan and the device mesh."""
+def check_run(configs: RunConfigs,
+              workdir: str) -> tuple[recipe.Plan, jax.sharding.Mesh, downstream.Downstream | None]:
+    """The checks that need nothing read or compiled; returns the plan, the device mesh and the run's downstream
+    tasks (None without any)."""
     check_local_path(workdir, "workdir")
     check_local_path(configs.train.init_from, "TrainConfig.init_from")
     for path in configs.train.collapse_reference:
@@ -70,8 +72,7 @@ def check_run(configs: RunConfigs, workdir: str) -> tuple[recipe.Plan, jax.shard
                          data_lib.tokenizer_label(configs.data))
     mesh = sharding.make_mesh(configs.train.mesh_shape)
     sharding.check_batch_divisible(plan.batch_seqs, mesh, configs.train.microbatches)
-    downstream.Downstream.checked(configs.train)  # task names and data files
-    return plan, mesh
+    return plan, mesh, downstream.Downstream.checked(configs.train)
 
 
 @contextlib.contextmanager
@@ -178,7 +179,7 @@ def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Sourc
 
 @contextlib.contextmanager
 def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, operative_config: str, force_new: bool,
-            is_chief: bool, log):
+            is_chief: bool, log, downstream_tasks: downstream.Downstream | None = None):
     """Prepares the run (the caller holds the lock) and yields its `Trainer`; closes the checkpointer, the
     writers and the data iterator after the block, quietly when it raised (the error must not be masked by a
     failed close)."""
@@ -192,7 +193,7 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
     train_step = compile_train_step(build, plan, train_cfg, configs.model)
     interrupts.raise_if_requested()
 
-    score_downstream = downstream.make_downstream(configs, plan, mesh, workdir, is_chief)
+    score_downstream = downstream.make_downstream(downstream_tasks, configs, plan, mesh, workdir, is_chief)
     identity = rundir.run_identity(configs, plan)
     source = _prepare_workdir(configs, plan, workdir, identity, data_it, operative_config, force_new, is_chief, log)
     _log_plan_and_data(configs, plan, log)

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from celerity_jax.collapse import curves, files, reference, surrogate
+from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.train.rundir import LOSS_CSV
@@ -64,7 +65,7 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
              leave_one_out: bool = False, loss: str = "train", window_start: float = 0.5,
              shrunk: bool = False) -> dict:
     runs = [files.load_curve(p, loss=loss) for p in paths]
-    by_size: dict[float, list[files.Curve]] = {}
+    by_size: dict[float, list[Curve]] = {}
     for run in runs:
         if run.controls.n_params is None:
             raise ConfigError(f"{run.source}: N unknown; give run directories or CSV sidecars with n_params")

@@ -7,7 +7,7 @@ import pytest
 
 from celerity_jax.collapse import compare, curves, files, reference, surrogate
 from celerity_jax.collapse.controls import Controls
-from celerity_jax.collapse.files import Curve
+from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
 
 N_BINS, WIDTH, STEPS = 100, 5, 800

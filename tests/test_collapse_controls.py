@@ -1,11 +1,8 @@
-import dataclasses
 import types
 
-import numpy as np
 import pytest
 
-from celerity_jax.collapse import files
-from celerity_jax.collapse.controls import Controls, check_controls, controls_from_mapping
+from celerity_jax.collapse.controls import Controls, controls_from_mapping
 from celerity_jax.errors import ConfigError
 
 CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
@@ -38,23 +35,3 @@ def test_controls_from_mapping_reads_by_key():
 def test_controls_must_be_an_object():
     with pytest.raises(ConfigError, match="ref.json: the controls are an array, not a JSON object; rebuild it"):
         controls_from_mapping([], "ref.json", "rebuild it")
-
-
-def _ref(name: str, controls: Controls, offset: float = 0.0) -> files.Reference:
-    frac_G = (np.arange(10) + 0.5) / 10
-    return files.Reference(frac_G, 2.0 - frac_G, None, controls, offset, 3.0, {}, name)
-
-
-def test_check_controls_refuses_mismatches_unless_forced():
-    refs = [_ref("a.json", CONTROLS), _ref("b.json", dataclasses.replace(CONTROLS, n_params=4e5))]
-    assert check_controls(refs, dataclasses.replace(CONTROLS, n_params=1e6), "run") == []
-    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*--force"):
-        check_controls(refs, dataclasses.replace(CONTROLS, tpp=80.0), "run")
-    notes = check_controls(refs, dataclasses.replace(CONTROLS, schedule="cosine"), "run", force=True)
-    assert any("forced" in n and "schedule" in n for n in notes)
-    assert any("not checked" in n for n in check_controls(refs, Controls(), "run"))
-    with pytest.raises(ConfigError, match="offset L0 0 vs 1"):
-        check_controls(refs, CONTROLS, "run", offset=1.0)
-    odd = _ref("c.json", dataclasses.replace(CONTROLS, tau=0.5))
-    with pytest.raises(ConfigError, match="between|vs .*a.json"):
-        check_controls([refs[0], odd], Controls(), "run")

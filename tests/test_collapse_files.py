@@ -11,6 +11,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from celerity_jax.collapse import files, surrogate
 from celerity_jax.collapse.controls import Controls
+from celerity_jax.collapse.types import Reference
 from celerity_jax.errors import ConfigError
 
 PLAN = {"n_params": 1.0e5, "tokens": 2.0e6, "steps": 100, "tau": 0.17, "schedule": "d2z", "warmup_steps": 10,
@@ -159,9 +160,9 @@ def test_an_unreadable_curve_is_refused(tmp_path):
         files.load_curve(str(path))
 
 
-def _reference() -> files.Reference:
+def _reference() -> Reference:
     frac_G = (np.arange(200) + 0.5) / 200
-    return files.Reference(frac_G, 1.0 + 0.5 * (1.0 - frac_G), 0.01 * frac_G,
+    return Reference(frac_G, 1.0 + 0.5 * (1.0 - frac_G), 0.01 * frac_G,
                            Controls(1e5, 20.0, 0.17, "d2z", 0.1), 0.0, 3.15,
                            {"kind": "curves", "sources": ["run0/curve.csv", "run1/curve.csv"], "n_seeds": 2})
 

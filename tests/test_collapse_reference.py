@@ -9,7 +9,7 @@ import pytest
 from celerity_jax.collapse import curves, files, reference, surrogate
 from celerity_jax.collapse.config import CurveGrid, MonitorConfig
 from celerity_jax.collapse.controls import Controls
-from celerity_jax.collapse.files import Curve
+from celerity_jax.collapse.types import Curve, Reference
 from celerity_jax.errors import ConfigError
 
 N_BINS, WIDTH, STEPS = 200, 11, 1000
@@ -103,7 +103,7 @@ def test_a_surrogate_that_overflows_far_from_its_fit_is_refused():
 def test_reference_on_grid_loads_checks_and_combines(tmp_path):
     cfg = MonitorConfig(n_bins=500)
     controls = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
-    ref = files.Reference(curves.bin_centers(100), np.linspace(1.5, 1.0, 100), None, controls, 0.0, 3.0, {})
+    ref = Reference(curves.bin_centers(100), np.linspace(1.5, 1.0, 100), None, controls, 0.0, 3.0, {})
     path = os.path.join(tmp_path, "ref.json")
     files.save_reference(ref, path)
     ref_G, notes = reference.reference_on_grid([path], cfg, dataclasses.replace(controls, n_params=1e6), "run")
@@ -142,3 +142,23 @@ def test_nearest_and_spans_sizes(tmp_path):
     assert not reference.spans_sizes([unknown] + paths)
     assert reference.nearest([unknown] + paths, 1e6) == paths[2]  # unknown N counts only when nothing is known
     assert reference.nearest([unknown, unknown], 1e6) == unknown
+
+
+def _ref(name: str, controls: Controls, offset: float = 0.0) -> Reference:
+    frac_G = (np.arange(10) + 0.5) / 10
+    return Reference(frac_G, 2.0 - frac_G, None, controls, offset, 3.0, {}, name)
+
+
+def test_check_controls_refuses_mismatches_unless_forced():
+    refs = [_ref("a.json", CONTROLS), _ref("b.json", dataclasses.replace(CONTROLS, n_params=4e5))]
+    assert reference.check_controls(refs, dataclasses.replace(CONTROLS, n_params=1e6), "run") == []
+    with pytest.raises(ConfigError, match=r"a.json: tpp 20 vs 80 \(reference vs run\).*--force"):
+        reference.check_controls(refs, dataclasses.replace(CONTROLS, tpp=80.0), "run")
+    notes = reference.check_controls(refs, dataclasses.replace(CONTROLS, schedule="cosine"), "run", force=True)
+    assert any("forced" in n and "schedule" in n for n in notes)
+    assert any("not checked" in n for n in reference.check_controls(refs, Controls(), "run"))
+    with pytest.raises(ConfigError, match="offset L0 0 vs 1"):
+        reference.check_controls(refs, CONTROLS, "run", offset=1.0)
+    odd = _ref("c.json", dataclasses.replace(CONTROLS, tau=0.5))
+    with pytest.raises(ConfigError, match="between|vs .*a.json"):
+        reference.check_controls([refs[0], odd], Controls(), "run")

@@ -7,6 +7,7 @@ import pytest
 
 from celerity_jax.collapse import curves, files, surrogate
 from celerity_jax.collapse.controls import Controls
+from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
 
 N_BINS = 200
@@ -97,9 +98,9 @@ def test_mae_per_curve_scores_given_constants_like_the_fit():
 CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_frac=0.1)
 
 
-def _curve(seed: int, controls=CONTROLS, b: float = 0.1, steps: int = 1000) -> files.Curve:
+def _curve(seed: int, controls=CONTROLS, b: float = 0.1, steps: int = 1000) -> Curve:
     frac_T, loss_T = surrogate.sample_curve(jax.random.key(seed), steps, b, 1.0, 3.0, 0.01)
-    return files.Curve(f"seed{seed}", f"run{seed}/curve.csv", np.arange(1, steps + 1, dtype=float),
+    return Curve(f"seed{seed}", f"run{seed}/curve.csv", np.arange(1, steps + 1, dtype=float),
                        np.asarray(loss_T, float), np.asarray(frac_T, float), steps, "plan", controls)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from celerity_jax.collapse import curves, monitor
 from celerity_jax.collapse.config import CurveGrid, replay_config
-from celerity_jax.collapse.files import Curve
+from celerity_jax.collapse.types import Curve
 from celerity_jax.collapse.reference import reference_on_grid
 from celerity_jax.train.rundir import LOSS_CSV
 

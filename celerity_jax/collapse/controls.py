@@ -1,23 +1,18 @@
-"""The controls of a normalized curve (TPP, τ, schedule; docs/science.md §1), and the checks that a run and its
-references share them.
+"""The controls of a normalized curve (TPP, τ, schedule; docs/science.md §1) and how they are compared.
 
 `Controls.from_plan` builds them for a planned run; `controls_from_mapping` reads them by key from a
-plan.json, a curve's sidecar JSON or a reference JSON. A reference is refused for a run whose TPP or τ
-differs by more than CONTROL_RTOL, whose schedule name differs, or whose offset differs, unless forced;
-N may differ.
+plan.json, a curve's sidecar JSON or a reference JSON. Two curves' controls match when TPP and τ differ by
+at most CONTROL_RTOL and the schedule names are equal; N may differ (reference.check_controls applies this
+to a run and its references).
 """
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import numpy as np
 
 from celerity_jax.errors import ConfigError
-
-if TYPE_CHECKING:
-    from celerity_jax.collapse.files import Reference
 
 # Relative tolerance when comparing TPP and τ of a run and a reference.
 CONTROL_RTOL = 0.05
@@ -109,31 +104,3 @@ def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field
         raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name; {fix}")
     controls = Controls(n_params, tpp, _number(meta, "tau", source, fix), schedule, warmup_frac)
     return controls, steps
-
-
-def check_controls(refs: Sequence["Reference"], run: Controls, run_name: str, force: bool = False,
-                   offset: float = 0.0, loss_curve: str = "train") -> list[str]:
-    """Refuses references whose TPP, τ, schedule or offset differ from the run's (or each other's), or that were
-    built from another loss curve than the run's `loss_curve` ("train" or "eval"; references from before the
-    curve was recorded in their provenance were built from training curves; surrogate ones are not checked).
-
-    Returns notes on what could not be checked; with `force`, mismatches become notes too.
-    """
-    notes, problems = [], []
-    for ref in refs:
-        problems += [f"{ref.source}: {m} (reference vs run)" for m in ref.controls.mismatches(run)]
-        problems += [f"{ref.source}: {m} (vs {refs[0].source})" for m in ref.controls.mismatches(refs[0].controls)]
-        if abs(ref.offset - offset) > 1e-12:
-            problems.append(f"{ref.source}: offset L0 {ref.offset:g} vs {offset:g}")
-        built_from = ref.provenance.get("loss_curve", "train") if ref.provenance.get("kind") == "curves" else None
-        if built_from not in (None, loss_curve):
-            problems.append(f"{ref.source}: built from {built_from} curves, the run's is its {loss_curve} curve")
-        unknown = ref.controls.unknown(run)
-        if unknown:
-            notes.append(f"{ref.source}: not checked against {run_name}: {', '.join(unknown)} unknown")
-    if problems and not force:
-        raise ConfigError(f"references do not match {run_name}: {'; '.join(problems)}. A normalized curve "
-                          "depends on TPP, τ and the schedule, and on the loss curve it was built from; use "
-                          "references with the same controls, built from the same curve (`celerity collapse "
-                          "reference --loss-curve`), or force it (--force; TrainConfig.force_reference when training)")
-    return notes + [f"forced: {p}" for p in problems]

@@ -9,16 +9,14 @@ host-side ones: `normalize_run` (a finished run's normalized curve, with its inp
 
 import functools
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
-
-if TYPE_CHECKING:
-    from celerity_jax.collapse.files import Curve
 
 
 def bin_centers(n_bins: int) -> np.ndarray:
@@ -63,7 +61,7 @@ def normalize(loss: jax.Array, final: jax.Array, offset: float = 0.0) -> jax.Arr
     return (loss - offset) / (final - offset)
 
 
-def normalize_run(run: "Curve", n_bins: int, smooth_bins: int, offset: float = 0.0) -> tuple[np.ndarray, float]:
+def normalize_run(run: Curve, n_bins: int, smooth_bins: int, offset: float = 0.0) -> tuple[np.ndarray, float]:
     """(normalized curve on the grid, final smoothed loss) of a finished run: binned, smoothed and divided
     by its own final (last-bin, smoothed) loss; ConfigError for a partial run, a gap or a bad offset."""
     if not run.finished:

@@ -11,7 +11,7 @@ read with `loss="eval"`: `eval.csv` in a run directory, the scalar `eval/loss` i
 `eval_loss` column in a CSV (rows with an empty cell skipped).
 Controls are read by key (controls.controls_from_mapping), so plan.json may hold more.
 
-A reference JSON holds a `Reference` (built by reference.py), a surrogate JSON the constants fitted by
+A reference JSON holds a `Reference` (types.py; built by reference.py), a surrogate JSON the constants fitted by
 surrogate.py. Every reader turns a bad file into a one-line ConfigError naming the file and the fix.
 """
 
@@ -25,7 +25,8 @@ import os
 import numpy as np
 
 from celerity_jax.collapse import surrogate
-from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, Controls, controls_from_mapping
+from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, controls_from_mapping
+from celerity_jax.collapse.types import Curve, Reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, write_json_atomic
 from celerity_jax.train.rundir import CURVE_CSV, LOSS_CSV, PLAN_JSON  # the run directory's file names
@@ -39,37 +40,6 @@ SURROGATE_FORMAT = "celerity-collapse-surrogate/1"
 # `--surrogate default` names the constants shipped with the package (fitted by experiments/surrogate/).
 DEFAULT_SURROGATE = "default"
 DEFAULT_SURROGATE_FILE = "default_surrogate.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class Curve:
-    """A loss curve as read by `load_curve`: exact int64 steps, finite positive losses, t̂ = frac_T."""
-    name: str
-    source: str
-    step_T: np.ndarray
-    loss_T: np.ndarray
-    frac_T: np.ndarray
-    total_steps: int
-    total_from: str  # "given", the plan/sidecar path, "frac column" or "last step" (assumed finished)
-    controls: Controls
-    loss: str = "train"  # which loss: "train" or "eval" (held-out)
-
-    @property
-    def finished(self) -> bool:
-        return bool(self.step_T[-1] >= self.total_steps - 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Reference:
-    """A normalized curve on a t̂ grid with its controls and provenance (see reference.py)."""
-    frac_G: np.ndarray
-    normalized_G: np.ndarray
-    seed_std_G: np.ndarray | None   # across the seeds it averages; None for one seed or the surrogate
-    controls: Controls
-    offset: float                   # L0 of the normalization (L − L0)/(L_T − L0)
-    final_loss: float | None        # mean final (smoothed) loss of its runs
-    provenance: dict
-    source: str = "built in memory"  # the file it was loaded from
 
 
 def check_curve_path(path: str, flag: str = "CURVE") -> None:

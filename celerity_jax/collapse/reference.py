@@ -1,10 +1,10 @@
 """Reference curves: building them, and choosing and combining them for a run.
 
-A reference (files.Reference, stored as JSON by files.py) is a normalized curve on a t̂ grid with its
+A reference (types.Reference, stored as JSON by files.py) is a normalized curve on a t̂ grid with its
 controls and provenance, built from finished curves of one size (averaged over the seeds given) or from
 the fitted surrogate. A run may only be compared with references whose collapse controls (TPP, τ,
-schedule) match its own, unless forced (controls.check_controls); references of several sizes combine
-into the family-aware curve at the run's N (curves.family_curve).
+schedule), offset and loss curve match its own, unless forced (`check_controls`); references of several
+sizes combine into the family-aware curve at the run's N (curves.family_curve).
 """
 
 import dataclasses
@@ -17,8 +17,9 @@ import numpy as np
 
 from celerity_jax.collapse import curves, surrogate
 from celerity_jax.collapse.config import CurveGrid, MonitorConfig
-from celerity_jax.collapse.controls import Controls, check_controls
-from celerity_jax.collapse.files import Curve, Reference, load_reference
+from celerity_jax.collapse.controls import Controls
+from celerity_jax.collapse.files import load_reference
+from celerity_jax.collapse.types import Curve, Reference
 from celerity_jax.errors import ConfigError
 
 
@@ -75,6 +76,34 @@ def reference_curve(refs: list[Reference], frac_G: np.ndarray, n_params: float |
     if n_params is None or None in sizes:
         sizes, n_params = [1.0] * len(refs), 1.0
     return curves.family_curve(on_grid_KxG, jnp.asarray(sizes), n_params)
+
+
+def check_controls(refs: Sequence[Reference], run: Controls, run_name: str, force: bool = False,
+                   offset: float = 0.0, loss_curve: str = "train") -> list[str]:
+    """Refuses references whose TPP, τ, schedule or offset differ from the run's (or each other's), or that were
+    built from another loss curve than the run's `loss_curve` ("train" or "eval"; references from before the
+    curve was recorded in their provenance were built from training curves; surrogate ones are not checked).
+
+    Returns notes on what could not be checked; with `force`, mismatches become notes too.
+    """
+    notes, problems = [], []
+    for ref in refs:
+        problems += [f"{ref.source}: {m} (reference vs run)" for m in ref.controls.mismatches(run)]
+        problems += [f"{ref.source}: {m} (vs {refs[0].source})" for m in ref.controls.mismatches(refs[0].controls)]
+        if abs(ref.offset - offset) > 1e-12:
+            problems.append(f"{ref.source}: offset L0 {ref.offset:g} vs {offset:g}")
+        built_from = ref.provenance.get("loss_curve", "train") if ref.provenance.get("kind") == "curves" else None
+        if built_from not in (None, loss_curve):
+            problems.append(f"{ref.source}: built from {built_from} curves, the run's is its {loss_curve} curve")
+        unknown = ref.controls.unknown(run)
+        if unknown:
+            notes.append(f"{ref.source}: not checked against {run_name}: {', '.join(unknown)} unknown")
+    if problems and not force:
+        raise ConfigError(f"references do not match {run_name}: {'; '.join(problems)}. A normalized curve "
+                          "depends on TPP, τ and the schedule, and on the loss curve it was built from; use "
+                          "references with the same controls, built from the same curve (`celerity collapse "
+                          "reference --loss-curve`), or force it (--force; TrainConfig.force_reference when training)")
+    return notes + [f"forced: {p}" for p in problems]
 
 
 def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, controls: Controls,

@@ -9,7 +9,6 @@ fitted by mean absolute error over t̂ ∈ [0.2, 1]: a grid over (b_c, b_e) with
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +16,8 @@ import numpy as np
 
 from celerity_jax import schedules
 from celerity_jax.collapse import curves
+from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
-
-if TYPE_CHECKING:
-    from celerity_jax.collapse.files import Curve
 
 EPS1 = 0.001
 EPS2 = 0.1
@@ -162,7 +159,7 @@ class SurrogateInputs:
                                self.tau_C[index], self.tpp_C[index], [self.info[i] for i in index])
 
 
-def surrogate_inputs(runs: list["Curve"], n_bins: int, smooth_bins: int) -> SurrogateInputs:
+def surrogate_inputs(runs: list[Curve], n_bins: int, smooth_bins: int) -> SurrogateInputs:
     """Normalizes finished runs and evaluates their schedules on the grid; ConfigError if a control is missing."""
     frac_G = curves.bin_centers(n_bins)
     curves_C, eta_C, eta_end_C = [], [], []

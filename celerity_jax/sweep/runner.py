@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 
-from celerity_jax.collapse import controls, curves, files, reference
+from celerity_jax.collapse import curves, files, reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.run import Run, RunSpec, load as load_run
@@ -72,7 +72,7 @@ def _check_controls(spec: SweepSpec, setting_runs: list[SettingRuns]) -> None:
                     "drop --shared-references when the swept binding is a control, or pass --force")
         refs = [files.load_reference(p) for p in sr.given if p.endswith(".json")]
         if refs:
-            controls.check_controls(refs, target, sr.target.name, spec.force)
+            reference.check_controls(refs, target, sr.target.name, spec.force)
         for path in (p for p in sr.given if not p.endswith(".json")):
             curve = files.load_curve(path)
             if not curve.finished:

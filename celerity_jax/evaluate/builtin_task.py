@@ -22,16 +22,13 @@ inside a 256-byte context window. The documents depend only on the Python instal
 import bisect
 import functools
 import itertools
-import os
 import random
 
 from celerity_jax.data import corpus, sources
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
+from celerity_jax.evaluate import offline  # noqa: F401  (before datasets: building the task never downloads)
 
-# Building the task must never reach for the network (datasets reads these when it is imported).
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import datasets  # noqa: E402
 
 TASK_NAME = "stdlib_next_line"

@@ -10,10 +10,8 @@ The tokenizer's end-of-text token conditions an empty context, as it separates d
 import dataclasses
 import functools
 import logging
-import os
 
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # before the harness imports `datasets`: nothing is downloaded
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from celerity_jax.evaluate import offline  # noqa: F401  (before the harness)
 
 from lm_eval import utils as lm_utils  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402

@@ -46,8 +46,7 @@ def task_manager(stock: bool = True):
     """The harness's task index (built once per process); with `stock`, of all its stock tasks, which takes
     seconds (it reads every task config), else empty (enough for the built-in task)."""
     try:
-        from celerity_jax.evaluate import harness  # noqa: F401  (sets the harness offline before it is imported)
-        from lm_eval.tasks import TaskManager
+        from lm_eval.tasks import TaskManager  # offline: this module imported builtin_task
     except ImportError:
         raise ConfigError("downstream evaluation needs lm-evaluation-harness: pip install -e '.[eval]' (the "
                           "`eval` extra)") from None

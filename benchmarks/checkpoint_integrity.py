@@ -19,7 +19,7 @@ import jax
 
 from celerity_jax import gin_config, recipe, sharding
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.train import checkpoint
+from celerity_jax.rundir import checkpoint
 from celerity_jax.train import step as step_lib
 
 GIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments/celerity/300m.gin")

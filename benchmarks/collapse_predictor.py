@@ -28,7 +28,7 @@ from celerity_jax.collapse import curves, files, reference, surrogate
 from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.train.rundir import LOSS_CSV
+from celerity_jax.rundir import LOSS_CSV
 
 
 def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) -> list[str]:

@@ -41,18 +41,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from celerity_jax import hostmem, recipe, sharding
+from celerity_jax import hostmem, recipe, rundir, sharding
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import params as params_lib, presets, transformer
 from celerity_jax.model.config import ATTENTION_IMPLS, ModelConfig
-from celerity_jax.train import loop, rundir
+from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
+from celerity_jax.train import loop
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import TrainConfig
 from celerity_jax.train.log_step import StepLog, peak_flops
-from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
+from celerity_jax.train.progress import Progress
 
 BIG_SEQ_LEN, BIG_BATCH = 2048, 16  # the 300m shape on an accelerator
 LEVERS = {"fast_dense": {"dense_backward": "plain"}, "blocked_attention": {"attention_impl": "xla"}}  # "off" settings

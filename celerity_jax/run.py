@@ -10,12 +10,12 @@ import json
 import os
 import time
 
-from celerity_jax import gin_config, recipe
+from celerity_jax import gin_config, recipe, rundir
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.collapse.files import load_curve
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.train import rundir
+from celerity_jax.rundir.identity import Identity
 from celerity_jax.train.config import RunConfigs
 
 TIMING_JSON = rundir.TIMING_JSON
@@ -34,7 +34,7 @@ class Run:
     spec: RunSpec
     configs: RunConfigs
     plan: recipe.Plan
-    identity: dict
+    identity: Identity
     operative_gin: str
 
     @property
@@ -130,4 +130,4 @@ def load(spec: RunSpec) -> Run:
     """Parses the run's gin files and bindings (once) and derives its plan and identity."""
     configs = gin_config.parse_gin(spec.gin_files, spec.gin_params)
     plan = recipe.make_plan(configs.model, configs.recipe)
-    return Run(spec, configs, plan, rundir.run_identity(configs, plan), gin_config.operative_config_str())
+    return Run(spec, configs, plan, Identity.of(configs, plan), gin_config.operative_config_str())

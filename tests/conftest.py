@@ -101,7 +101,8 @@ class FakeTrainer:
         import numpy as np
 
         from celerity_jax import recipe
-        from celerity_jax.train import rundir
+        from celerity_jax import rundir
+        from celerity_jax.rundir.identity import Identity
 
         plan = recipe.make_plan(configs.model, configs.recipe)
         self.calls.append({"workdir": workdir, "stop_at_step": configs.train.stop_at_step, "force_new": force_new,
@@ -110,7 +111,7 @@ class FakeTrainer:
             rundir.archive_workdir(workdir, log)
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, rundir.RUN_JSON), "w") as f:
-            f.write(json.dumps(rundir.run_identity(configs, plan)))
+            f.write(json.dumps(Identity.of(configs, plan).record))
         with open(os.path.join(workdir, rundir.PLAN_JSON), "w") as f:
             f.write(plan.to_json())
         path = os.path.join(workdir, rundir.CURVE_CSV)

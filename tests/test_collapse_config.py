@@ -22,7 +22,7 @@ def test_the_first_failing_check_is_reported():
 
 def test_monitor_config_fields_are_a_run_identity():
     """dataclasses.asdict(MonitorConfig) is stored in run.json: its keys, order and defaults stay (a key added
-    later is compared at its default with older run directories: rundir.same_run)."""
+    later is compared at its default with older run directories: rundir.identity.Identity.same_run)."""
     assert dataclasses.asdict(MonitorConfig()) == {
         "n_bins": 1000, "smooth_bins": 11, "align_window": (0.25, 0.5), "min_align_span": 0.05, "offset": 0.0,
         "alert_k": 4.0, "alert_m": 10, "residual_floor": 0.0, "stop_on_alert": False, "loss_curve": "train"}

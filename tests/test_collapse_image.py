@@ -88,7 +88,8 @@ def test_a_resumed_run_draws_the_figure_from_the_next_boundary_and_only_process_
 
     from celerity_jax.collapse import monitor
     from celerity_jax.collapse.config import MonitorConfig
-    from celerity_jax.train import log_step, writers
+    from celerity_jax.train import log_step
+    from celerity_jax.train.progress import Progress
 
     drawn_at = []
     draw = image.collapse_figure
@@ -98,7 +99,7 @@ def test_a_resumed_run_draws_the_figure_from_the_next_boundary_and_only_process_
     state = types.SimpleNamespace(monitor=monitor.monitor_init(cfg))
     chief = _ImageLog()
     for log in (chief, None):
-        step_log = log_step.StepLog(plan, cfg, tb=log, curve=log, progress=writers.Progress(100, 42, quiet=True),
+        step_log = log_step.StepLog(plan, cfg, tb=log, curve=log, progress=Progress(100, 42, quiet=True),
                                     loss_ema_decay=0.9, peak=0.0, start_step=42,
                                     reference_G=jnp.linspace(2.0, 1.0, cfg.n_bins))
         for step in range(48, 73, 6):

@@ -8,7 +8,7 @@ import pytest
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.evaluate import loader
-from celerity_jax.train import checkpoint
+from celerity_jax.rundir import checkpoint
 
 
 def test_the_parameters_are_the_checkpoints_without_the_optimizer_state(trained_run):

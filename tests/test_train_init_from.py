@@ -10,7 +10,8 @@ import pytest
 from celerity_jax import optim, recipe
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, transformer
-from celerity_jax.train import checkpoint, loop, step as step_lib
+from celerity_jax.rundir import checkpoint
+from celerity_jax.train import loop, step as step_lib
 
 
 def _state_at(workdir, step, configs):

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.train import lock, rundir
+from celerity_jax import rundir
+from celerity_jax.train import lock
 
 
 def test_a_second_holder_is_refused_naming_the_first(tmp_path):

@@ -14,7 +14,7 @@ import sys
 from celerity_jax.cli import options
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, check_output_file
-from celerity_jax.train.rundir import LOSS_CSV
+from celerity_jax.rundir import LOSS_CSV
 
 
 def add_commands(subparsers) -> None:

@@ -15,7 +15,7 @@ from celerity_jax.collapse import curves, monitor
 from celerity_jax.collapse.config import CurveGrid, replay_config
 from celerity_jax.collapse.types import Curve
 from celerity_jax.collapse.reference import reference_on_grid
-from celerity_jax.train.rundir import LOSS_CSV
+from celerity_jax.rundir import LOSS_CSV
 
 QUALITY_RANGE = (0.2, 1.0)
 

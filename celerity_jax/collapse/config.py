@@ -5,7 +5,7 @@ import dataclasses
 
 from celerity_jax.config_types import check_field_types
 from celerity_jax.errors import ConfigError
-from celerity_jax.train.rundir import LOSS_CSV
+from celerity_jax.rundir import LOSS_CSV
 
 
 def _grid_checks(n_bins: int, smooth_bins: int, offset: float) -> dict[str, tuple[bool, str]]:

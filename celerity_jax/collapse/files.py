@@ -29,7 +29,7 @@ from celerity_jax.collapse.controls import JSON_TYPES, MAX_STEP, controls_from_m
 from celerity_jax.collapse.types import Curve, Reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_input_file, write_json_atomic
-from celerity_jax.train.rundir import CURVE_CSV, LOSS_CSV, PLAN_JSON  # the run directory's file names
+from celerity_jax.rundir import CURVE_CSV, LOSS_CSV, PLAN_JSON
 
 LOSS_TAG = {"train": "train/loss", "eval": "eval/loss"}
 LOSS_COLUMN = {"train": "loss", "eval": "eval_loss"}

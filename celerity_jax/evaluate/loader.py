@@ -7,13 +7,13 @@ import os
 
 import jax
 
-from celerity_jax import gin_config, sharding
+from celerity_jax import gin_config, rundir, sharding
 from celerity_jax.data.config import DataConfig
 from celerity_jax.data.tokenizer import load_tokenizer
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import transformer
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.train import checkpoint, rundir
+from celerity_jax.rundir import checkpoint
 
 
 @dataclasses.dataclass(frozen=True)

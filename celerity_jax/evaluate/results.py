@@ -52,7 +52,7 @@ def record(workdir: str, step: int, plan: dict, scores: dict[str, dict], write_t
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json_atomic(path, content)
     if write_tensorboard:
-        from celerity_jax.train.writers import TensorBoardWriter
+        from celerity_jax.rundir.writers import TensorBoardWriter
 
         tb = TensorBoardWriter(workdir)
         tb.scalars(step, scalars(content, scores))

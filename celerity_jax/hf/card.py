@@ -4,11 +4,10 @@ holds."""
 import csv
 import os
 
-from celerity_jax import markdown
+from celerity_jax import markdown, rundir
 from celerity_jax.evaluate import results
 from celerity_jax.hf import fold, layouts
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.train import rundir
 
 
 def _last_row(path: str) -> dict | None:

@@ -12,15 +12,15 @@ import os
 import jax
 import jax.numpy as jnp
 
-from celerity_jax import gin_config, optim, recipe
+from celerity_jax import gin_config, optim, recipe, rundir
 from celerity_jax.data import pipeline
 from celerity_jax.data.tokenizer import load_tokenizer
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.train import rundir
+from celerity_jax.rundir.checkpoint import Checkpointer
+from celerity_jax.rundir.identity import Identity
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.checkpoint import Checkpointer
 
 MODEL_GIN = "model.gin"
 
@@ -44,7 +44,7 @@ def write(folder: str, cfg: ModelConfig, params: dict, *, tokenizer: str, separa
         raise ConfigError(f"the folder's tokenizer has {vocab} token ids but the model's vocabulary holds "
                           f"{cfg.vocab_size}; the tokenizer does not belong to these weights")
     plan = recipe.make_plan(configs.model, configs.recipe)
-    identity = rundir.run_identity(configs, plan)
+    identity = Identity.of(configs, plan)
     rundir.write_run_files(folder, identity, plan, gin_config.operative_config_str())
     with open(os.path.join(folder, MODEL_GIN), "w") as f:
         f.write("# The imported model and its tokenizer: layer this file after a training run's gin files.\n")

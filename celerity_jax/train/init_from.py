@@ -30,7 +30,9 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.model import transformer
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.train import checkpoint, rundir
+from celerity_jax import rundir
+from celerity_jax.rundir import checkpoint
+from celerity_jax.rundir.identity import Identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,18 +76,18 @@ def _param_shapes(model: ModelConfig):
     return jax.eval_shape(lambda: transformer.init_params(model, jax.random.key(0)))
 
 
-def check_compatible(source: Source, identity: dict, model: ModelConfig) -> None:
+def check_compatible(source: Source, identity: Identity, model: ModelConfig) -> None:
     """Refuses a source whose parameter shapes, total steps or monitor grid differ from this run's."""
     where = f"TrainConfig.init_from = {source.path!r}"
-    steps, source_steps = identity["plan"]["steps"], source.identity["plan"]["steps"]
+    steps, source_steps = identity.record["plan"]["steps"], source.identity["plan"]["steps"]
     if steps != source_steps:
         raise ConfigError(f"{where}: the source's plan has {source_steps} steps and this run's {steps}; the LR "
                           "schedule and t̂ = step/T would jump at the restart. Keep the token budget and batch "
                           "(RecipeConfig.tpp, batch_seqs, seq_len) of the source")
-    source_monitor = rundir.with_added_defaults(source.identity, identity)["monitor"]
+    source_monitor, monitor = identity.completed(source.identity)["monitor"], identity.record["monitor"]
     for name in ("n_bins", "loss_curve"):  # the monitor's binned curve carries over
-        if identity["monitor"][name] != source_monitor.get(name):
-            raise ConfigError(f"{where}: MonitorConfig.{name} is {identity['monitor'][name]!r} here and "
+        if monitor[name] != source_monitor.get(name):
+            raise ConfigError(f"{where}: MonitorConfig.{name} is {monitor[name]!r} here and "
                               f"{source_monitor.get(name)!r} in the source, whose binned curve carries over; use "
                               f"the source's {name}")
     try:

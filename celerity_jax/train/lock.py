@@ -19,7 +19,7 @@ import time
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_output_dir
-from celerity_jax.train.rundir import LOCK_FILE
+from celerity_jax.rundir import LOCK_FILE
 
 
 def _process_start(pid: int) -> str | None:

@@ -13,8 +13,9 @@ import numpy as np
 
 from celerity_jax.accelerators import peak_flops_per_device
 from celerity_jax.collapse import curves, image, monitor as monitor_lib
+from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.writers import CurveCSV, Progress, TensorBoardWriter
+from celerity_jax.train.progress import Progress
 
 # Console name -> metric, shown when finite.
 CONSOLE_METRICS = {"loss": "train/loss_smooth", "eval": "eval/loss", "lr": "opt/lr",

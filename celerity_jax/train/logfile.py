@@ -14,7 +14,7 @@ import threading
 import traceback
 
 from celerity_jax.errors import ConfigError, RunStopped
-from celerity_jax.train.rundir import LOG_FILE
+from celerity_jax.rundir import LOG_FILE
 
 
 def verbose_from_env() -> bool:

@@ -1,6 +1,6 @@
 """`train()`: check, lock, prepare (setup.py), then step with logs, evals and checkpoints until a reason to stop.
 
-What the run directory holds is listed in rundir.py.
+What the run directory holds is listed in celerity_jax/rundir/__init__.py.
 """
 
 import contextlib
@@ -15,7 +15,7 @@ from celerity_jax.train import interrupts, logfile, setup
 from celerity_jax.train.downstream import downstream_steps
 from celerity_jax.train.config import RunConfigs
 from celerity_jax.train.log_step import StepLog, peak_flops
-from celerity_jax.train.writers import Progress
+from celerity_jax.train.progress import Progress
 
 
 class StopReason(enum.StrEnum):

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from celerity_jax import recipe, sharding
+from celerity_jax import recipe, rundir, sharding
 from celerity_jax.aot.memory import compile_train_step
 from celerity_jax.collapse import reference as reference_lib
 from celerity_jax.collapse.config import MonitorConfig
@@ -23,11 +23,12 @@ from celerity_jax.collapse.controls import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path
-from celerity_jax.train import downstream, init_from, interrupts, lock, rundir
+from celerity_jax.rundir.checkpoint import Checkpointer, checkpoint_steps
+from celerity_jax.rundir.identity import Identity
+from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
+from celerity_jax.train import downstream, init_from, interrupts, lock
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.checkpoint import Checkpointer, checkpoint_steps
 from celerity_jax.train.config import RunConfigs, TrainConfig
-from celerity_jax.train.writers import CurveCSV, TensorBoardWriter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _data(configs: RunConfigs, plan: recipe.Plan) -> tuple[data_lib.TrainIterato
     return data_it, eval_batches
 
 
-def _prepare_workdir(configs: RunConfigs, plan: recipe.Plan, workdir: str, identity: dict, data_it,
+def _prepare_workdir(configs: RunConfigs, plan: recipe.Plan, workdir: str, identity: Identity, data_it,
                      operative_config: str, force_new: bool, is_chief: bool, log) -> init_from.Source | None:
     """Checks the workdir (and an init_from source), archives an earlier run with `force_new`, writes the run
     files; returns the init_from source when this run starts from it."""
@@ -156,7 +157,7 @@ def _indented(text: str) -> str:
     return "    " + text.replace("\n", "\n    ")
 
 
-def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Source | None, identity: dict,
+def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Source | None, identity: Identity,
              plan: recipe.Plan, workdir: str, is_chief: bool, log) -> tuple[object, int, int | None, str | None]:
     """The run's newest good checkpoint, else the init_from source's, else the initial state. Returns (state,
     start step, the step resumed from or None, the description of an init_from start or None)."""
@@ -169,7 +170,7 @@ def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Sourc
     if source is None:
         return state, 0, None, None
     state = init_from.restore_state(source, state)
-    differences = rundir.diff(rundir.with_added_defaults(source.identity, identity), identity)
+    differences = identity.differences(source.identity)
     if is_chief:
         init_from.start_run_dir(source, workdir, differences, plan.steps)
     description = init_from.describe(source, differences, plan.steps)
@@ -194,7 +195,7 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
     interrupts.raise_if_requested()
 
     score_downstream = downstream.make_downstream(downstream_tasks, configs, plan, mesh, workdir, is_chief)
-    identity = rundir.run_identity(configs, plan)
+    identity = Identity.of(configs, plan)
     source = _prepare_workdir(configs, plan, workdir, identity, data_it, operative_config, force_new, is_chief, log)
     _log_plan_and_data(configs, plan, log)
     state = build.init()

@@ -43,7 +43,7 @@ from celerity_jax import gin_config, markdown, recipe, run  # noqa: E402
 from celerity_jax.collapse import detectors, files, monitor, reference  # noqa: E402
 from celerity_jax.fileio import write_json_atomic, write_text_atomic  # noqa: E402
 from celerity_jax.train.config import RunConfigs  # noqa: E402
-from celerity_jax.train.rundir import LOSS_CSV  # noqa: E402
+from celerity_jax.rundir import LOSS_CSV  # noqa: E402
 
 SIZES = ("d48", "d64", "d80")
 SEEDS = (0, 1, 2, 3, 4)

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from celerity_jax.train.rundir import LOSS_CSV
+from celerity_jax.rundir import LOSS_CSV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

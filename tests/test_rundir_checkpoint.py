@@ -9,7 +9,8 @@ import pytest
 from orbax.checkpoint._src.handlers import json_checkpoint_handler
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.train import checkpoint, loop
+from celerity_jax.rundir import checkpoint
+from celerity_jax.train import loop
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_])

@@ -26,7 +26,7 @@ from jax import lax
 from jax.experimental import multihost_utils
 
 from celerity_jax.errors import ConfigError, RunStopped
-from celerity_jax.train import rundir
+from celerity_jax.rundir.identity import Identity
 
 ITEMS = ("state", "data", "integrity")
 _log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ def _gb(n: float) -> str:
 class Checkpointer:
     """The run's own checkpoints: save (asynchronously by default) and restore the newest good one."""
 
-    def __init__(self, directory: str, identity: dict, keep_last: int, keep_every: int, use_async: bool = True):
+    def __init__(self, directory: str, identity: Identity, keep_last: int, keep_every: int, use_async: bool = True):
         self.directory = os.path.abspath(directory)
         self.identity = identity
         options = ocp.CheckpointManagerOptions(
@@ -224,7 +224,7 @@ class Checkpointer:
 
     def save(self, step: int, state, data_state: dict) -> None:
         self.wait_until_saved()
-        record = integrity_record(state, data_state, self.identity)
+        record = integrity_record(state, data_state, self.identity.record)
         self._pending_step = step
         try:
             self._manager.save(step, args=ocp.args.Composite(
@@ -280,7 +280,7 @@ class Checkpointer:
             if checked:
                 record = restored["integrity"]
                 if isinstance(record, dict) and not (isinstance(record.get("identity"), dict)
-                                                     and rundir.same_run(record["identity"], self.identity)):
+                                                     and self.identity.same_run(record["identity"])):
                     raise ConfigError(
                         f"the checkpoint at step {step} in {self.directory} was written by another run; move it "
                         "out of that folder, or start from it in a new workdir with TrainConfig.init_from")

@@ -17,8 +17,9 @@ import time
 
 import jax
 
-from celerity_jax import gin_config, recipe, sharding
+from celerity_jax import gin_config, recipe
 from celerity_jax.fileio import write_json_atomic
+from celerity_jax.model import sharding
 from celerity_jax.rundir import checkpoint
 from celerity_jax.train import step as step_lib
 

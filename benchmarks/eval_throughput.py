@@ -35,12 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax import hostmem, sharding
+from celerity_jax import hostmem
 from celerity_jax.data.tokenizer import ByteTokenizer
 from celerity_jax.evaluate import sampler, scoring
 from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.model import presets, transformer
+from celerity_jax.model import presets, sharding, transformer
 
 SCORING_GOAL, REAL_SHARE_GOAL, SPEEDUP_GOAL = 0.70, 0.80, 10.0
 

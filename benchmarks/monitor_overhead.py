@@ -24,13 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax import gin_config, recipe, sharding
+from celerity_jax import gin_config, recipe
 from celerity_jax.collapse import curves, image, monitor
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.fileio import write_json_atomic
+from celerity_jax.model import sharding
+from celerity_jax.rundir.writers import TensorBoardWriter
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.log_step import FIGURE_POINTS, FIGURE_TAG
-from celerity_jax.rundir.writers import TensorBoardWriter
 
 TINY_PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments", "tiny", "d*.gin")
 FIGURES_PER_RUN = FIGURE_POINTS + 1  # one per 5% of t̂, and the last step when it falls between two

@@ -41,12 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from celerity_jax import hostmem, recipe, rundir, sharding
+from celerity_jax import hostmem, recipe, rundir
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.fileio import write_json_atomic
-from celerity_jax.model import params as params_lib, presets, transformer
+from celerity_jax.model import params as params_lib, presets, sharding, transformer
 from celerity_jax.model.config import ATTENTION_IMPLS, ModelConfig
 from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import loop

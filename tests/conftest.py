@@ -52,6 +52,29 @@ def tiny_configs():
 
 
 @pytest.fixture(scope="session")
+def tpu_slice() -> str:
+    """The slice the compile tests compile for on this CPU host: libtpu compiles without a TPU."""
+    pytest.importorskip("libtpu", reason="libtpu (extra 'tpu', installed by `make test`) is absent")
+    return "v5e-4"
+
+
+@pytest.fixture(scope="session")
+def too_big() -> list[str]:
+    """Bindings that make the tiny run's step larger than a v5e chip's 16 GiB: whole float32 logits of 64 × 8192
+    tokens over a 128k vocabulary."""
+    return ["ModelConfig.vocab_size = 128256", "ModelConfig.max_seq_len = 8192", "RecipeConfig.seq_len = 8192",
+            "RecipeConfig.batch_seqs = 64", "ModelConfig.logits_chunk_len = 0"]
+
+
+@pytest.fixture(scope="session")
+def report_keys() -> set[str]:
+    """Keys every compile report holds."""
+    return {"hbm_bytes_per_chip", "bytes_per_chip", "fits", "headroom", "mesh_shape", "microbatches", "remat",
+            "scan_layers", "compute_dtype", "attention_impl", "unsplit", "est_step_seconds", "est_tokens_per_sec",
+            "est_mfu", "est_days", "est_chip_hours", "compile_seconds"}
+
+
+@pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> str:
     """The run directory of the tiny run trained to its end (checkpoints at steps 100, 110 and 114); read it,
     never write it."""

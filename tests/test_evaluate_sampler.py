@@ -3,10 +3,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from celerity_jax import sharding
 from celerity_jax.data.tokenizer import ByteTokenizer
 from celerity_jax.evaluate import sampler
-from celerity_jax.model import transformer
+from celerity_jax.model import sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
 

@@ -9,9 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from celerity_jax import sharding
 from celerity_jax.evaluate import scoring
-from celerity_jax.model import transformer
+from celerity_jax.model import sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
 CFG = ModelConfig(n_layers=2, d_model=32, n_heads=2, head_dim=16, vocab_size=257, max_seq_len=48, d_base=32,
@@ -82,7 +81,7 @@ def test_eight_devices_give_the_numbers_of_one(params, tmp_path, repo_root):
     expected = [s.logprob for s in scoring.Scorer(CFG, params, _mesh(), 8).score(requests)]
     code = textwrap.dedent(f"""
         import json, jax
-        from celerity_jax import sharding
+        from celerity_jax.model import sharding
         from celerity_jax.evaluate import scoring
         from celerity_jax.model import transformer
         from celerity_jax.model.config import ModelConfig

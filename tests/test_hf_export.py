@@ -13,12 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from celerity_jax import sharding  # noqa: E402
 from celerity_jax.data.tokenizer import ByteTokenizer  # noqa: E402
 from celerity_jax.errors import ConfigError  # noqa: E402
 from celerity_jax.evaluate import sampler  # noqa: E402
 from celerity_jax.hf import export, fold, importer, layouts  # noqa: E402
-from celerity_jax.model import transformer  # noqa: E402
+from celerity_jax.model import sharding, transformer  # noqa: E402
 from celerity_jax.model.config import ModelConfig  # noqa: E402
 
 # CompleteP with multipliers that are no powers of two: α_in 9.17, α_out/m_d = 1.095/1.5, m_L^-1 = 1.5.

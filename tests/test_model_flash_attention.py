@@ -186,7 +186,7 @@ def test_the_train_step_with_flash_attention_compiles_to_pallas_kernels_for_a_tp
     from celerity_jax import gin_config
     from celerity_jax.aot.compile import Setting, apply_setting
     from celerity_jax.recipe import make_plan
-    from celerity_jax.sharding import make_mesh
+    from celerity_jax.model.sharding import make_mesh
     from celerity_jax.train import step as step_lib
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -121,8 +121,7 @@ def test_on_eight_devices_the_sharded_chunked_loss_matches_one_device():
     code = textwrap.dedent("""
         import jax, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
-        from celerity_jax import sharding
-        from celerity_jax.model import loss
+        from celerity_jax.model import loss, sharding
 
         mesh = sharding.make_mesh((2, 2, 2))
         k = jax.random.split(jax.random.key(0), 3)
@@ -158,7 +157,7 @@ def test_compiled_for_a_tpu_slice_the_chunk_loop_holds_no_collective():
     pytest.importorskip("libtpu", reason="libtpu (extra 'tpu') is absent")
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from celerity_jax import sharding
+    from celerity_jax.model import sharding
     from celerity_jax.aot.compile import slice_devices, without_persistent_cache
 
     mesh = sharding.make_mesh((1, 4, 1), slice_devices("v5p-8")[1])

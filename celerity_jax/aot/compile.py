@@ -1,6 +1,6 @@
 """Compile a run's train step for a slice, on any host, and report memory, fit and XLA's estimates.
 
-The step is the one `celerity train` runs (`train.step.build_step`, `aot.memory.compile_step`), with every
+The step is the one `celerity train` runs (`train.step.build_step`, `train.memory.compile_step`), with every
 "auto" model choice made for the slice's platform. A Setting overrides the four knobs that trade memory for
 speed; each compile's result is cached on disk, keyed by everything that changes the compiled program.
 """
@@ -12,12 +12,12 @@ import time
 
 import jax
 
-from celerity_jax import accelerators, recipe, sharding
-from celerity_jax.aot import estimate, memory
+from celerity_jax import accelerators, recipe
+from celerity_jax.aot import estimate
 from celerity_jax.aot.cache import Cache
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import loss
-from celerity_jax.train import step as step_lib
+from celerity_jax.model import sharding
+from celerity_jax.train import memory, step as step_lib
 
 ESTIMATE_NOTE = ("est_* values are XLA's cost-model estimates for the compiled program (TPU only), not "
                  "measurements")
@@ -91,14 +91,8 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
     usable = accelerators.usable_bytes(slice_.chip)
     model_flops = plan.flops_per_token * plan.batch_tokens
     report = {
-        "topology": slice_.name, "chip": slice_.chip.name, "chips": slice_.chips,
-        "mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
-        "scan_layers": setting.scan_layers, "compute_dtype": run.model.compute_dtype,
-        "attention_impl": run.model.attention_impl, "dense_backward": run.model.dense_backward,
-        "logits_chunk_len": loss.logits_chunk_len(
-            run.model.logits_chunk_len, sharding.local_batch(plan.batch_seqs // setting.microbatches, mesh),
-            plan.seq_len, run.model.vocab_size),
-        "batch_seqs": plan.batch_seqs, "seq_len": plan.seq_len, "steps": plan.steps,
+        "topology": slice_.name, "chip": slice_.chip.name, "chips": slice_.chips, **build.setting(plan),
+        "batch_seqs": plan.batch_seqs, "steps": plan.steps,
         "hbm_bytes_per_chip": slice_.chip.hbm_bytes, "usable_bytes_per_chip": usable,
         "bytes_per_chip": step["bytes_per_chip"], "fits": step["error"] is None and step["bytes_per_chip"] <= usable,
         "headroom": 1.0 - step["bytes_per_chip"] / usable if step["bytes_per_chip"] else None,

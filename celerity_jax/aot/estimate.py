@@ -20,10 +20,9 @@ import dataclasses
 
 import jax
 
-from celerity_jax import sharding
 from celerity_jax.accelerators import libtpu_version
 from celerity_jax.aot.cache import Cache
-from celerity_jax.model import loss, transformer
+from celerity_jax.model import loss, sharding, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.train import step as step_lib
 

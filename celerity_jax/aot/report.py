@@ -2,8 +2,9 @@
 
 import os
 
-from celerity_jax.aot.memory import fix_hint
 from celerity_jax.errors import ConfigError
+from celerity_jax.train.memory import fix_hint
+from celerity_jax.train.step import setting_line
 
 
 def check_writable(directory: str, what: str) -> None:
@@ -28,11 +29,7 @@ def format_report(report: dict) -> str:
     """A compile report (`aot.compile.compile_report`, or a search's best) as aligned lines."""
     if "mesh_shape" not in report:
         return f"nothing fits: {report['error']}"
-    lines = [f"setting   mesh (data, fsdp, tensor) {tuple(report['mesh_shape'])}, {report['microbatches']} microbatches, "
-             f"remat {report['remat']}, scan_layers {report['scan_layers']}, {report['compute_dtype']}, "
-             f"attention {report['attention_impl']}, "
-             + (f"loss in chunks of {report['logits_chunk_len']} positions"
-                if report["logits_chunk_len"] < report["seq_len"] else "whole logits")]
+    lines = [f"setting   {setting_line(report)}"]
     gb = report["bytes_per_chip"] / 1e9 if report["bytes_per_chip"] else float("nan")
     verdict = (f"fits, {report['headroom']:.0%} headroom" if report["fits"] else
                f"DOES NOT FIT ({report['error'] or 'over the chip memory'})")

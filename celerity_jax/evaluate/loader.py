@@ -7,11 +7,11 @@ import os
 
 import jax
 
-from celerity_jax import gin_config, rundir, sharding
+from celerity_jax import gin_config, rundir
 from celerity_jax.data.config import DataConfig
 from celerity_jax.data.tokenizer import load_tokenizer
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import transformer
+from celerity_jax.model import sharding, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.rundir import checkpoint
 

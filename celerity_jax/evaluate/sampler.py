@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax import sharding
-from celerity_jax.model import transformer
+from celerity_jax.model import sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
 STOPPED_ON = ("stop", "end_of_text", "max_new_tokens", "context")

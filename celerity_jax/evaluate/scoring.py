@@ -14,9 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax import sharding
 from celerity_jax.evaluate.sampler import bucket_length
-from celerity_jax.model import completep, loss, transformer
+from celerity_jax.model import completep, loss, sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
 

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
+from celerity_jax.model import sharding
 
 # "auto" chunks the loss when one microbatch's float32 logits on one chip would exceed this.
 LOGITS_BUDGET_BYTES = 256 * 2**20

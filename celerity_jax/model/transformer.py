@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
-from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import attention, completep, flash_attention, flash_attention_gpu, loss, matmul, positions
+from celerity_jax.model import (attention, completep, flash_attention, flash_attention_gpu, loss, matmul, positions,
+                                sharding)
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params

@@ -11,8 +11,8 @@ from celerity_jax.config_types import check_field_types
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
+from celerity_jax.model.sharding import MESH_AXES
 from celerity_jax.recipe import RecipeConfig
-from celerity_jax.sharding import MESH_AXES
 
 
 @dataclasses.dataclass(frozen=True)

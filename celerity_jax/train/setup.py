@@ -15,20 +15,21 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from celerity_jax import recipe, rundir, sharding
-from celerity_jax.aot.memory import compile_train_step
+from celerity_jax import recipe, rundir
 from celerity_jax.collapse import reference as reference_lib
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path
+from celerity_jax.model import sharding
 from celerity_jax.rundir.checkpoint import Checkpointer, checkpoint_steps
 from celerity_jax.rundir.identity import Identity
 from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import downstream, init_from, interrupts, lock
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.config import RunConfigs, TrainConfig
+from celerity_jax.train.memory import compile_train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +199,7 @@ def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, opera
     identity = Identity.of(configs, plan)
     source = _prepare_workdir(configs, plan, workdir, identity, data_it, operative_config, force_new, is_chief, log)
     _log_plan_and_data(configs, plan, log)
+    log(f"setting: {step_lib.setting_line(build.setting(plan))}")
     state = build.init()
     interrupts.raise_if_requested()
 

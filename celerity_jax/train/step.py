@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from celerity_jax import optim, sharding
+from celerity_jax import optim
 from celerity_jax.collapse import monitor as monitor_lib
-from celerity_jax.model import completep, transformer
+from celerity_jax.model import completep, loss, sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
 
@@ -146,6 +146,8 @@ def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTrans
 class StepBuild:
     """What `celerity train` runs, built once for a mesh: shared by the trainer and `celerity compile`."""
 
+    model_cfg: ModelConfig
+    microbatches: int
     mesh: Any
     optimizer: optax.GradientTransformation
     abstract_state: TrainState  # ShapeDtypeStructs
@@ -165,6 +167,19 @@ class StepBuild:
         with jax.set_mesh(self.mesh):
             return self.train_step.lower(*self.abstract_inputs(batch_seqs, seq_len))
 
+    def setting(self, plan) -> dict:
+        """How the step trades memory for speed, each "auto" choice resolved, and the parameter dims kept whole
+        (`sharding.unsplit`): what `setting_line` states, and what `celerity compile` reports."""
+        cfg = self.model_cfg
+        local_seqs = sharding.local_batch(plan.batch_seqs // self.microbatches, self.mesh)
+        return {"mesh_shape": [self.mesh.shape[axis] for axis in sharding.MESH_AXES],
+                "microbatches": self.microbatches, "remat": cfg.remat, "scan_layers": cfg.scan_layers,
+                "compute_dtype": cfg.dtype, "attention_impl": cfg.attention_kernel,
+                "dense_backward": cfg.dense_backward_kernel,
+                "logits_chunk_len": loss.logits_chunk_len(cfg.logits_chunk_len, local_seqs, plan.seq_len,
+                                                          cfg.vocab_size),
+                "seq_len": plan.seq_len, "unsplit": sharding.unsplit(self.abstract_state.params, self.mesh)}
+
 
 def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches: int, z_loss: float,
                seed: int) -> StepBuild:
@@ -179,8 +194,19 @@ def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches:
     train_step = make_train_step(model_cfg, plan, optimizer, microbatches=microbatches, z_loss=z_loss,
                                  state_shardings=state_sh, batch_sharding=batch_sh,
                                  monitor_train_loss=monitor_cfg.loss_curve == "train")
-    return StepBuild(mesh=mesh, optimizer=optimizer, abstract_state=abstract, state_shardings=state_sh,
+    return StepBuild(model_cfg=model_cfg, microbatches=microbatches, mesh=mesh, optimizer=optimizer,
+                     abstract_state=abstract, state_shardings=state_sh,
                      batch_sharding=batch_sh, train_step=train_step, init=jax.jit(init, out_shardings=state_sh))
+
+
+def setting_line(setting: dict) -> str:
+    """A step's setting (`StepBuild.setting`, or a compile report holding it) in one line."""
+    chunk = setting["logits_chunk_len"]
+    return (f"mesh (data, fsdp, tensor) {tuple(setting['mesh_shape'])}, {setting['microbatches']} microbatches, "
+            f"remat {setting['remat']}, scan_layers {setting['scan_layers']}, {setting['compute_dtype']}, "
+            f"attention {setting['attention_impl']}, "
+            + (f"loss in chunks of {chunk} positions" if chunk < setting["seq_len"] else "whole logits")
+            + sharding.unsplit_note(setting["unsplit"]))
 
 
 def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> TrainState:

@@ -7,9 +7,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import presets, transformer
+from celerity_jax.model import presets, sharding, transformer
 
 
 def _fake_mesh(shape):
@@ -54,7 +53,7 @@ def test_bad_mesh_shapes_are_refused():
 def test_eight_fake_devices_build_each_mesh():
     code = textwrap.dedent("""
         import jax
-        from celerity_jax import sharding
+        from celerity_jax.model import sharding
         assert jax.device_count() == 8
         for shape in [(8, 1, 1), (1, 8, 1), (2, 2, 2), (-1, 2, 1)]:
             mesh = sharding.make_mesh(shape)
@@ -66,3 +65,22 @@ def test_eight_fake_devices_build_each_mesh():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ok" in out.stdout
+
+
+def test_a_parameter_without_a_rule_is_an_error_naming_it():
+    mesh = _fake_mesh((1, 2, 1))
+    with pytest.raises(ValueError, match=r"no sharding rule for the parameter block_0/mlp/extra/kernel .*'extra'"):
+        sharding.param_spec(("block_0", "mlp", "extra", "kernel"), (64, 64), mesh)
+    with pytest.raises(ValueError, match="pos_embed"):
+        sharding.param_spec(("pos_embed",), (64,), mesh)  # fewer dims than its rule
+
+
+def test_unsplit_names_each_dim_its_axis_does_not_divide():
+    cfg = presets.preset("tiny-d32")
+    shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+    assert sharding.unsplit(shapes, _fake_mesh((1, 1, 1))) == []
+    assert sharding.unsplit_note([]) == ""
+    dims = sharding.unsplit(shapes, _fake_mesh((1, 1, 2)))  # 257 byte ids; every other dim is even
+    assert dims == ["embed dim 0 (257) over tensor (2)", "unembed dim 1 (257) over tensor (2)"]
+    assert sharding.unsplit_note(dims) == ("; kept whole, the mesh axis does not divide them: "
+                                           "embed dim 0 (257) over tensor (2), unembed dim 1 (257) over tensor (2)")

@@ -9,8 +9,8 @@ import re
 
 import jax
 
-from celerity_jax import sharding
 from celerity_jax.errors import ConfigError
+from celerity_jax.model import sharding
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 

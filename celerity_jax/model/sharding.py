@@ -2,7 +2,10 @@
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimizer state
 sharded), `tensor` (Megatron-style: column-parallel q/k/v/up/gate, row-parallel o/down).
-A dimension that the mesh axis does not divide is left unsharded, so tiny models run on any mesh.
+Every parameter is a vector (norm gains, biases: replicated) or named in PARAM_RULES by the module names that
+transformer.py gives; any other parameter is an error. A dimension that its rule's mesh axis does not divide is
+kept whole, so tiny models run on any mesh; `unsplit` names such dimensions, and `celerity train` and
+`celerity compile` state them in their setting line.
 """
 
 import math
@@ -18,7 +21,8 @@ from celerity_jax.model.completep import path_keys
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
-# Parameter name (the last module name on its path) -> spec of its trailing (unscanned) dims.
+# Parameter name (the module name on its path, or the parameter's own) -> the mesh axis of each of its trailing
+# (unscanned) dims.
 PARAM_RULES = {
     "embed": ("tensor", "fsdp"),        # V x D
     "pos_embed": (None, "fsdp"),        # L x D
@@ -31,6 +35,7 @@ PARAM_RULES = {
     "o": ("tensor", "fsdp"),            # HK x D
     "down": ("tensor", "fsdp"),         # F x D
 }
+VECTOR_LEAVES = ("scale", "bias")  # replicated
 
 
 def make_mesh(mesh_shape: tuple[int, int, int], devices=None) -> Mesh:
@@ -114,16 +119,45 @@ def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H):
                          out_specs=spec)(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
 
 
-def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
-    """The spec of one parameter; leading (scanned layer) dims and vectors are replicated."""
-    name = path[-2] if path[-1] in ("kernel", "bias", "scale") else path[-1]
-    rule = PARAM_RULES.get(name) if path[-1] != "bias" else None
+def _rule(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[str | None, ...]:
+    """The mesh axis (or None) of every dim of the parameter at `path`: its rule's, after leading (scanned layer)
+    dims that are replicated; () for a vector (replicated). ValueError for a parameter without a rule."""
+    if path[-1] in VECTOR_LEAVES:
+        return ()
+    name = path[-2] if path[-1] == "kernel" else path[-1]
+    rule = PARAM_RULES.get(name)
     if rule is None or len(shape) < len(rule):
-        return P()
-    lead = len(shape) - len(rule)
-    axes = [None] * lead + [
-        axis if axis and shape[lead + i] % mesh.shape[axis] == 0 else None for i, axis in enumerate(rule)]
-    return P(*axes)
+        raise ValueError(f"no sharding rule for the parameter {'/'.join(path)} of shape {shape}: name {name!r} "
+                         "in sharding.PARAM_RULES with a mesh axis per dim")
+    return (None,) * (len(shape) - len(rule)) + rule
+
+
+def _divides(axis: str | None, size: int, mesh: Mesh) -> bool:
+    return axis is None or size % mesh.shape[axis] == 0
+
+
+def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The spec of one parameter: its rule's axes, each where it divides the dim."""
+    return P(*(axis if _divides(axis, size, mesh) else None for axis, size in zip(_rule(path, shape), shape)))
+
+
+def unsplit(params, mesh: Mesh) -> list[str]:
+    """The parameter dims that their rule's mesh axis does not divide, kept whole on every chip: one entry per
+    parameter name and dim, e.g. "embed dim 0 (257) over tensor (2)"."""
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        keys = path_keys(path)
+        name = keys[-2] if keys[-1] == "kernel" else keys[-1]
+        for dim, (axis, size) in enumerate(zip(_rule(keys, x.shape), x.shape)):
+            entry = f"{name} dim {dim} ({size}) over {axis} ({mesh.shape.get(axis)})"
+            if not _divides(axis, size, mesh) and entry not in out:
+                out.append(entry)
+    return out
+
+
+def unsplit_note(dims: list[str]) -> str:
+    """How a setting line states `unsplit`'s dims ("" when there are none)."""
+    return f"; kept whole, the mesh axis does not divide them: {', '.join(dims)}" if dims else ""
 
 
 def param_shardings(params, mesh: Mesh):

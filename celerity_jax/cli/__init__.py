@@ -17,7 +17,7 @@ from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 from celerity_jax.train.logfile import verbose_from_env
 
 COMMAND_MODULES = (
-    "celerity_jax.cli.model",
+    "celerity_jax.cli.coordcheck",
     "celerity_jax.cli.plan",
     "celerity_jax.cli.data",
     "celerity_jax.cli.collapse",

@@ -20,7 +20,7 @@ def add_commands(subparsers) -> None:
 
 
 def coordcheck_command(args: argparse.Namespace) -> int:
-    from celerity_jax.model import coordcheck  # imports jax
+    from celerity_jax import coordcheck  # imports jax
     from celerity_jax.model.config import PARAMETRIZATIONS
 
     modes = tuple(args.modes.split(","))

@@ -3,7 +3,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from celerity_jax.model import coordcheck
+from celerity_jax import coordcheck
 
 FULL = coordcheck.CoordCheckConfig()  # the full ladder: widths 64..512 at depth 2, depths 2..16 at width 64
 # The same check on the ends of a 4x width range and a 4x depth range, to fit the default suite.

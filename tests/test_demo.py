@@ -4,73 +4,134 @@ import os
 import numpy as np
 import pytest
 
-from celerity_jax import demo, gin_config, recipe
+from celerity_jax import demo, demo_report, gin_config, recipe
+from celerity_jax.errors import ConfigError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _plans(runs):
+    configs = {r.name: gin_config.parse_gin(r.gin_files, r.gin_params) for r in runs}
+    return configs, {name: recipe.make_plan(c.model, c.recipe) for name, c in configs.items()}
 
 
-def test_demo_runs_pin_tau_for_one_recipe_and_fix_tokens_for_the_other():
-    runs = demo.demo_runs(demo.SIZES, quick=False)
-    plans = {}
-    for run in runs:
-        configs = gin_config.parse_gin(run.gin_files, run.gin_params)
-        plans[run.name] = recipe.make_plan(configs.model, configs.recipe)
-    tau_plans = [plans[f"tau/{s}"] for s in demo.SIZES]
-    naive_plans = [plans[f"naive/{s}"] for s in demo.SIZES]
-    assert len({p.tpp for p in tau_plans}) == 1
-    assert max(p.tau for p in tau_plans) == pytest.approx(min(p.tau for p in tau_plans))
-    assert len({p.n_params for p in tau_plans}) == 3
-    tokens = [p.tokens for p in naive_plans]
-    assert max(tokens) / min(tokens) < 1.01
-    assert {p.weight_decay for p in naive_plans} == {1.0}
-    assert max(p.tau for p in naive_plans) / min(p.tau for p in naive_plans) > 1.5
-    configs = {run.name: gin_config.parse_gin(run.gin_files, run.gin_params) for run in runs}
+def test_the_family_pins_tau_under_one_recipe_and_fixes_tokens_lr_batch_and_decay_under_the_other():
+    runs = demo.demo_runs()
+    configs, plans = _plans(runs)
+    tau = [plans[f"tau/{s}"] for s in demo.SIZES]
+    naive = [plans[f"naive/{s}"] for s in demo.SIZES]
+    assert len({p.tpp for p in tau}) == 1
+    assert max(p.tau for p in tau) == pytest.approx(min(p.tau for p in tau))
+    assert tau[-1].n_params / tau[0].n_params >= 8  # Llama-2's family spans 10×
+    assert min(configs[f"tau/{s}"].model.d_model for s in demo.SIZES) > 32  # above the d32 transition
+    assert max(p.tokens for p in naive) / min(p.tokens for p in naive) < 1.01
+    assert {p.weight_decay for p in naive} == {1.0}
+    assert len({(p.base_lr, p.batch_seqs) for p in naive + tau}) == 1
+    assert max(p.tau for p in naive) / min(p.tau for p in naive) > 1.5
     seeds = {name: c.train.seed for name, c in configs.items()}
-    assert len({seeds[f"tau/{s}"] for s in demo.SIZES}) == 3  # no shared batch order within a family
     assert all(seeds[f"tau/{s}"] == seeds[f"naive/{s}"] for s in demo.SIZES)
-    assert len(set(seeds.values())) == 6 and all(plans[f"tau/{s}-seed1"] == plans[f"tau/{s}"] for s in demo.SIZES)
-    assert {(c.train.eval_points, c.train.eval_batches) for c in configs.values()} == {(50, 8)}
-    quick = [run.name for run in demo.demo_runs(demo.SIZES, quick=True)]
-    assert quick == [f"{r}/{s}" for r in demo.RECIPES for s in demo.SIZES] + ["tau/d64-seed1"]
+    assert len(set(seeds.values())) == len(runs) - len(demo.SIZES)  # else every run has a seed of its own
+    repeats = [r for r in runs if r.group == "tau" and r.replica]
+    assert all(plans[r.name] == plans[f"tau/{r.label}"] for r in repeats) and len(repeats) == 3
+    assert {(c.train.eval_points, c.train.eval_batches * c.recipe.batch_seqs) for c in configs.values()} == {(50, 128)}
 
 
-def _fake_run(workdir, shape_scale, final, n_params, tau, noise=0.002):
+def test_the_panels_vary_batch_lr_and_decay_at_equal_tau_then_tau_then_tpp_at_one_size():
+    runs = demo.demo_runs()
+    _, plans = _plans(runs)
+    base = plans["timescale/base"]
+    assert base.n_params == plans[f"tau/{demo.SIZES[0]}"].n_params
+    assert base.tau == pytest.approx(recipe.tau_law(base.tpp))
+    for name, (b, lr, t) in demo.TIMESCALE_SETTINGS.items():
+        p = plans[f"timescale/{name}"]
+        assert (p.batch_seqs, p.base_lr, p.tpp) == (base.batch_seqs * b, pytest.approx(base.base_lr * lr), base.tpp)
+        assert p.tau == pytest.approx(base.tau * t)
+        assert p.weight_decay == pytest.approx(base.weight_decay * b / lr / t)
+    equal = [(b, lr) for b, lr, t in demo.TIMESCALE_SETTINGS.values() if t == 1]
+    assert len(equal) >= 3 and {t for *_, t in demo.TIMESCALE_SETTINGS.values()} == {1.0, 0.25, 4.0}
+    assert sorted(round(plans[f"timescale/{n}"].weight_decay / base.weight_decay, 6) for n, (_, _, t) in
+                  demo.TIMESCALE_SETTINGS.items() if t == 1) == [1, 2, 2]  # λ both moved and held
+    for name, x in demo.TPP_SETTINGS.items():
+        assert plans[f"tpp/{name}"].tpp == pytest.approx(base.tpp * x)
+        assert plans[f"tpp/{name}"].tau == pytest.approx(base.tau)
+    assert sorted(demo.TPP_SETTINGS.values()) == [0.5, 2.0]
+    quick = demo.demo_runs(quick=True)
+    assert {r.group for r in quick} == {"timescale", "tpp"} and quick == [r for r in runs if r in quick]
+
+
+@pytest.mark.parametrize("sizes, problem", [(("d40-l2", "d999"), "no size file"), (("d40-l2",), "at least two")])
+def test_bad_sizes_get_one_line(sizes, problem):
+    with pytest.raises(ConfigError, match=problem):
+        demo.demo_runs(sizes)
+
+
+def test_separation_and_delta_over_sigma_on_known_curves():
+    rng = np.random.default_rng(0)
+    keep_G = np.ones(200, bool)
+    seeds_RxG = 1.0 + 0.01 * rng.standard_normal((40, 200))
+    sigma_G = demo_report.seed_sigma([seeds_RxG])
+    assert sigma_G.mean() == pytest.approx(0.01, rel=0.05)
+    assert demo_report.separation(np.full(200, 1.05), np.ones(200), sigma_G, keep_G) == pytest.approx(5, rel=0.05)
+    shifted = [seeds_RxG, seeds_RxG + 0.02]
+    assert demo_report.delta_over_sigma(shifted, keep_G)["delta_over_sigma"] == pytest.approx(1.0, rel=0.1)
+    with pytest.raises(ConfigError, match="second seed"):
+        demo_report.seed_sigma([seeds_RxG[:1]])
+
+
+def _fake_run(workdir, final, shape, n_params=84_760, tpp=10.0, noise=0.0, seed=0):
+    """A finished run directory whose eval curve is final·(1 + shape·(1 − t̂)²), with seeded noise."""
     os.makedirs(workdir)
     steps = 400
     step = np.arange(1, steps + 1)
     frac = step / steps
-    loss = final * (1 + shape_scale * (1 - frac) ** 2) + noise * np.sin(step * (1 + n_params + noise))
+    loss = final * (1 + shape * (1 - frac) ** 2) * (1 + noise * np.random.default_rng(seed).standard_normal(steps))
     for name, rows in (("curve.csv", range(steps)), ("eval.csv", range(7, steps, 8))):  # 50 evals
         with open(os.path.join(workdir, name), "w") as f:
             f.write("step,tokens,frac,loss\n")
             for i in rows:
                 f.write(f"{step[i]},{step[i] * 64},{frac[i]},{loss[i]}\n")
-    plan = {"n_params": n_params, "tpp": 8.0, "tau": tau, "schedule": "d2z", "steps": steps, "warmup_steps": 40,
-            "weight_decay": 0.5, "batch_seqs": 8}
+    plan = {"n_params": n_params, "tpp": tpp, "tau": 0.25, "schedule": "d2z", "steps": steps, "warmup_steps": 40,
+            "weight_decay": 0.5, "batch_seqs": 16, "base_lr": 0.012}
     with open(os.path.join(workdir, "plan.json"), "w") as f:
         json.dump(plan, f)
 
 
-def test_report_measures_each_recipe_their_ratio_and_the_seed_noise(tmp_path):
-    runs = []
-    for i, size in enumerate(demo.SIZES):
-        runs += [demo.DemoRun("tau", size, (), ()), demo.DemoRun("naive", size, (), ())]
-        _fake_run(tmp_path / "tau" / size, 0.5 + 0.01 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3)
-        _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
-    runs.append(demo.DemoRun("tau", "d64", (), (), replica=1))
-    _fake_run(tmp_path / "tau" / "d64-seed1", 0.51, 2.8, 2e5, 0.3, noise=0.02)
-    summary = demo.write_report(str(tmp_path), runs, {}, quick=True, variant=("RecipeConfig.decay_convention = "
-                                                                             "'width_scaled'",))
-    assert summary["loss"] == "eval" and summary["naive"]["mean_abs_dev"] > 5 * summary["tau"]["mean_abs_dev"]
-    assert summary["ratio"] == pytest.approx(summary["naive"]["mean_abs_dev"] / summary["tau"]["mean_abs_dev"])
-    assert summary["train"]["ratio"] > 5 and summary["supercollapse"]["ratio"] < 1  # the seed noise dominates
+def _fake_demo(root, quick, off_shape=0.6, naive_step=0.15):
+    """Panels where the off-τ and off-TPP curves differ in shape by `off_shape − 0.5`, and the naive family's
+    shape steps by `naive_step` per size; every curve has 0.2% noise."""
+    runs = demo.demo_runs(quick=quick)
+    shapes = {"timescale/tau-div4": off_shape, "timescale/tau-x4": 1 - off_shape,
+              "tpp/tpp-half": off_shape, "tpp/tpp-x2": 1 - off_shape}
+    for i, r in enumerate(runs):
+        k = demo.SIZES.index(r.label) if r.group in demo.RECIPES else 0
+        shape = shapes.get(r.name.split("-seed")[0], 0.5 + (naive_step * k if r.group == "naive" else 0))
+        _fake_run(root / r.name, 2.0 - 0.2 * k, shape, 84_760 * 3 ** k, noise=0.002, seed=i)
+    return runs
+
+
+def test_report_names_each_target_met_or_missed_and_keeps_its_keys(tmp_path):
+    runs = _fake_demo(tmp_path, quick=False)
+    summary = demo_report.write_report(str(tmp_path), runs, {r.name: 1.0 for r in runs}, quick=False)
+    assert summary["timescale"]["delta_over_sigma"] < 1.5 and min(summary["timescale"]["off"].values()) > 3
+    assert summary["timescale"]["met"] and summary["tpp"]["met"] and summary["family"]["met"]
+    assert summary["family"]["ratio"] > 3 and summary["train_seconds"] == len(runs)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert set(on_disk) == {"quick", "train_seconds", "timescale", "tpp", "family", "runs"}
+    assert set(on_disk["timescale"]) == {"delta", "sigma", "delta_over_sigma", "off", "met"}
+    assert set(on_disk["tpp"]) == {"sigma", "pairs", "met"}
+    assert set(on_disk["family"]) == {"tau_spread", "naive_spread", "ratio", "delta", "sigma", "delta_over_sigma",
+                                      "met"}
+    assert set(on_disk["runs"]["timescale/base"]) >= {"n_params", "tpp", "tau", "final_eval_loss", "seconds"}
     report = (tmp_path / "report.md").read_text()
-    assert f"- eval curves: ratio naive / tau of the mean absolute deviation **{summary['ratio']:.2f}**" in report
-    assert f"= **{summary['supercollapse']['ratio']:.2f}** (target <= 1.5: met)" in report
-    assert "| tau | d64-seed1 |" in report and "(seed noise)" in report
-    assert "Layered on every run: RecipeConfig.decay_convention = 'width_scaled'." in report
-    assert demo.SEED_NOISE_RESULTS in report and os.path.isfile(os.path.join(ROOT, demo.SEED_NOISE_RESULTS))
-    assert (tmp_path / "collapse.png").stat().st_size > 10_000
+    assert report.count(": met)") == 5 and "NOT met" not in report
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+
+
+def test_a_quick_report_has_panels_1_and_2_and_says_what_it_misses(tmp_path):
+    runs = _fake_demo(tmp_path, quick=True, off_shape=0.5)
+    summary = demo_report.write_report(str(tmp_path), runs, {}, quick=True)
+    assert "family" not in summary and not summary["timescale"]["met"] and not summary["tpp"]["met"]
+    report = (tmp_path / "report.md").read_text()
+    assert "quick (panels 1 and 2)" in report and "target >= 3σ each: NOT met" in report
+    assert "## 3." not in report
 
 
 @pytest.mark.parametrize("accuracies, rising", [((0.30, 0.34, 0.41), True), ((0.30, 0.29, 0.28), False)])
@@ -78,21 +139,28 @@ def test_report_scores_the_family_downstream_and_says_whether_larger_sizes_score
                                                                                         rising):
     from celerity_jax.evaluate import builtin_task, results
 
-    runs, downstream = [], {}
+    runs = _fake_demo(tmp_path, quick=False)
+    downstream = {}
     for i, size in enumerate(demo.SIZES):
-        runs += [demo.DemoRun("tau", size, (), ()), demo.DemoRun("naive", size, (), ())]
-        _fake_run(tmp_path / "tau" / size, 0.5, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3)
-        _fake_run(tmp_path / "naive" / size, 0.3 + 0.15 * i, 3.0 - 0.2 * i, 1e5 * (i + 1), 0.3 * (i + 1))
         plan = {"batch_tokens": 64, "steps": 400, "n_params": 100_000 * (i + 1), "flops_per_token": 6e5 * (i + 1)}
         score = {"metric": "acc", "value": accuracies[i], "stderr": 0.01, "docs": 1000, "shots": 0, "truncated": 0}
         downstream[f"tau/{size}"] = results.record(str(tmp_path / "tau" / size), 400, plan,
                                                    {builtin_task.TASK_NAME: score}, write_tensorboard=False)
-    summary = demo.write_report(str(tmp_path), runs, {}, quick=True, downstream=downstream)
+    summary = demo_report.write_report(str(tmp_path), runs, {}, quick=False, downstream=downstream)
     report = (tmp_path / "report.md").read_text()
     assert summary["downstream"]["rising"] is rising
-    assert f"Larger sizes score higher: **{'yes' if rising else 'no'}** (d48 30.00%" in report
-    assert "| tau/d80 | 300,000 |" in report
+    assert f"Larger sizes score higher: **{'yes' if rising else 'no'}** ({demo.SIZES[0]} 30.00%" in report
+    assert f"| tau/{demo.SIZES[-1]} | 300,000 |" in report
     if rising:
         assert summary["downstream"]["fit"]["k"] > 0 and (tmp_path / "frontier.png").stat().st_size > 10_000
     else:
         assert "No frontier fit" in report and not (tmp_path / "frontier.png").exists()
+
+
+def test_the_command_line_refuses_an_unknown_size_in_one_line(tmp_path, capsys):
+    from celerity_jax.cli import main
+
+    assert main(["demo", "--workdir", str(tmp_path / "demo"), "--sizes", "d40-l2,d999"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "d999" in err and "experiments/demo/sizes" in err
+    assert not (tmp_path / "demo").exists()

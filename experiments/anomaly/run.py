@@ -1,7 +1,7 @@
 """Anomaly detection: does the collapse residual see a bad restart before the raw loss does?
 
 The paper's diagnostic at tiny scale. The tiny family (experiments/tiny d48/d64/d80) is trained under
-the tau recipe at the quick budget (experiments/demo/tau.gin + quick.gin), 5 seeds per size. One run
+the tau recipe at 2 TPP (experiments/demo/tau.gin, anomaly.gin), 5 seeds per size. One run
 (FAULT_SIZE, seed FAULT_SEED) stops at t̂ = INJECT_FRAC and is restarted into new run directories with
 `TrainConfig.init_from` and a wrong weight decay (λ × each of WD_FACTORS): a realistic bad restart. Then
 
@@ -41,8 +41,8 @@ import numpy as np  # noqa: E402
 
 from celerity_jax import gin_config, markdown, recipe, run  # noqa: E402
 from celerity_jax.collapse import detectors, files, monitor, reference  # noqa: E402
+from celerity_jax.configs import RunConfigs  # noqa: E402
 from celerity_jax.fileio import write_json_atomic, write_text_atomic  # noqa: E402
-from celerity_jax.train.config import RunConfigs  # noqa: E402
 from celerity_jax.rundir import LOSS_CSV  # noqa: E402
 
 SIZES = ("d48", "d64", "d80")
@@ -56,7 +56,7 @@ ZSCORE = detectors.ZScoreConfig()
 def gin_files(size: str, loss_curve: str) -> list[str]:
     exp = os.path.join(ROOT, "experiments")
     return [os.path.join(exp, "tiny", f"{size}.gin"), os.path.join(exp, "demo", "tau.gin"),
-            os.path.join(exp, "demo", "quick.gin"), os.path.join(exp, "anomaly", "anomaly.gin"),
+            os.path.join(exp, "anomaly", "anomaly.gin"),
             *([os.path.join(exp, "anomaly", "eval.gin")] if loss_curve == "eval" else [])]
 
 

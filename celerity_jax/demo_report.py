@@ -1,0 +1,292 @@
+"""The demo's measures, figure and report: each panel of `demo.py` against seed noise.
+
+Every curve is a run's eval loss on the demo's fixed held-out batches, binned on GRID_BINS bins of t̂ and divided
+by its last bin (the normalized curve ℓ(t̂)); every number is a mean over t̂ in [0.2, 1]. σ(t̂) is the standard
+deviation across seeds of one setting (the root mean of the variances where several settings have seeds).
+
+- separation of two curves a, b: mean |ℓ_a − ℓ_b| / mean σ;
+- Δ/σ of a group of settings (Qiu et al.'s supercollapse test): the spread across settings of the seed-mean
+  curves against σ;
+- collapse spread of a family: mean |ℓ_k − family mean| (`curves.collapse_quality`), and the naive / τ ratio.
+
+report.json's keys are documented in experiments/demo/README.md; other tools read them.
+"""
+
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+from celerity_jax import demo, markdown
+from celerity_jax.errors import ConfigError
+
+GRID_BINS = 25  # eval.gin's 50 points give two per bin
+TARGET_DELTA_OVER_SIGMA = 1.5  # equal-τ settings, and the τ family's sizes, agree within seed noise
+TARGET_SEPARATION = 3.0  # off-τ and off-TPP curves sit this many σ away
+TARGET_RATIO = 3.0  # the naive family's collapse spread over the τ family's
+
+
+def normalized_curves(workdir: str, runs: list["demo.DemoRun"]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(t̂ of the grid, each run's normalized eval curve by name)."""
+    from celerity_jax.collapse import curves, files
+
+    out = {r.name: curves.normalize_run(files.load_curve(r.workdir(workdir), loss="eval"), GRID_BINS, 1)[0]
+           for r in runs}
+    return curves.bin_centers(GRID_BINS), out
+
+
+def quality_range(frac_G: np.ndarray) -> np.ndarray:
+    from celerity_jax.collapse import compare
+
+    return (frac_G >= compare.QUALITY_RANGE[0]) & (frac_G <= compare.QUALITY_RANGE[1])
+
+
+def seed_sigma(groups: list[np.ndarray]) -> np.ndarray:
+    """σ(t̂): root mean over the groups with several seeds (each R×G) of their across-seed variance."""
+    variances = [g.var(axis=0, ddof=1) for g in groups if len(g) > 1]
+    if not variances:
+        raise ConfigError("no setting has a second seed, so there is no seed noise to measure against")
+    return np.sqrt(np.mean(variances, axis=0))
+
+
+def separation(a_G: np.ndarray, b_G: np.ndarray, sigma_G: np.ndarray, keep_G: np.ndarray) -> float:
+    return float(np.abs(a_G - b_G)[keep_G].mean() / sigma_G[keep_G].mean())
+
+
+def delta_over_sigma(groups: list[np.ndarray], keep_G: np.ndarray) -> dict[str, float]:
+    """Spread across settings of their seed-mean curves (Δ) against σ; each group R×G."""
+    sigma_G = seed_sigma(groups)
+    delta_G = np.std([g.mean(axis=0) for g in groups], axis=0)
+    delta, sigma = float(delta_G[keep_G].mean()), float(sigma_G[keep_G].mean())
+    return {"delta": delta, "sigma": sigma, "delta_over_sigma": delta / sigma}
+
+
+def _group(curves: dict[str, np.ndarray], runs: list["demo.DemoRun"], group: str, label: str) -> np.ndarray:
+    return np.stack([curves[r.name] for r in runs if r.group == group and r.label == label])
+
+
+def timescale_panel(curves: dict, runs: list, keep_G: np.ndarray) -> dict:
+    """Panel 1: the equal-τ settings (the τ run with its seeds, and each setting with τ × 1) against σ, and each
+    off-τ setting's separation from their mean."""
+    equal = [_group(curves, runs, "timescale", "base")] + [
+        _group(curves, runs, "timescale", name) for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t == 1]
+    out = delta_over_sigma(equal, keep_G)
+    sigma_G = seed_sigma(equal)
+    mean_G = np.mean([g.mean(axis=0) for g in equal], axis=0)
+    out["off"] = {name: separation(_group(curves, runs, "timescale", name)[0], mean_G, sigma_G, keep_G)
+                  for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t != 1}
+    out["met"] = (out["delta_over_sigma"] <= TARGET_DELTA_OVER_SIGMA
+                  and min(out["off"].values()) >= TARGET_SEPARATION)
+    return out
+
+
+def tpp_panel(curves: dict, runs: list, keep_G: np.ndarray) -> dict:
+    """Panel 2: separations of the half-TPP, base and double-TPP curves, in order, against the base's σ."""
+    base_RxG = _group(curves, runs, "timescale", "base")
+    sigma_G = seed_sigma([base_RxG])
+    ordered = [("tpp-half", _group(curves, runs, "tpp", "tpp-half")[0]), ("base", base_RxG.mean(axis=0)),
+               ("tpp-x2", _group(curves, runs, "tpp", "tpp-x2")[0])]
+    pairs = {f"{a}|{b}": separation(a_G, b_G, sigma_G, keep_G)
+             for (a, a_G), (b, b_G) in zip(ordered, ordered[1:])}
+    return {"sigma": float(sigma_G[keep_G].mean()), "pairs": pairs,
+            "met": min(pairs.values()) >= TARGET_SEPARATION}
+
+
+def family_panel(curves: dict, runs: list, frac_G: np.ndarray, keep_G: np.ndarray) -> dict:
+    """Panel 3: each recipe's collapse spread over its first-seed runs, their ratio, and the τ family's Δ/σ."""
+    from celerity_jax.collapse import compare, curves as curve_math
+
+    sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
+    spread = {}
+    for name in demo.RECIPES:
+        family_KxG = np.stack([curves[f"{name}/{s}"] for s in sizes])
+        spread[name] = float(curve_math.collapse_quality(family_KxG, frac_G, *compare.QUALITY_RANGE)["mean_abs_dev"])
+    out = {"tau_spread": spread["tau"], "naive_spread": spread["naive"],
+           "ratio": spread["naive"] / spread["tau"], **delta_over_sigma(
+               [_group(curves, runs, "tau", s) for s in sizes], keep_G)}
+    out["met"] = out["ratio"] >= TARGET_RATIO and out["delta_over_sigma"] <= TARGET_DELTA_OVER_SIGMA
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def plot_panels(frac_G: np.ndarray, curves: dict, runs: list, panels: dict, path: str) -> None:
+    """One column per panel: normalized curves above, and below each curve's residual from the panel's reference
+    curve in units of the panel's σ (the band is ±3σ); written atomically."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base_G = _group(curves, runs, "timescale", "base").mean(axis=0)
+    columns = []  # (title, [(label, curve, style)], reference, σ)
+    if "timescale" in panels:
+        p = panels["timescale"]
+        equal = [("base (seed mean)", base_G, "-")] + [
+            (name, curves[f"timescale/{name}"], "-" if t == 1 else "--")
+            for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items()]
+        reference = np.mean([c for _, c, style in equal if style == "-"], axis=0)
+        columns.append((f"1. equal τ (solid) vs τ/4, 4τ (dashed)\nΔ/σ {p['delta_over_sigma']:.2f}, off-τ "
+                        f"{min(p['off'].values()):.1f}σ+", equal, reference, p["sigma"]))
+    if "tpp" in panels:
+        p = panels["tpp"]
+        lines = [("tpp-half", curves["tpp/tpp-half"], "--"), ("base (seed mean)", base_G, "-"),
+                 ("tpp-x2", curves["tpp/tpp-x2"], "--")]
+        columns.append((f"2. TPP ×½, ×1, ×2 at one τ\nadjacent pairs {min(p['pairs'].values()):.1f}σ+", lines,
+                        base_G, p["sigma"]))
+    if "family" in panels:
+        p = panels["family"]
+        sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
+        lines = [(f"{name}/{s}", curves[f"{name}/{s}"], "-" if name == "tau" else "--")
+                 for name in demo.RECIPES for s in sizes]
+        columns.append((f"3. family {sizes[0]}–{sizes[-1]}: τ (solid) vs naive (dashed)\nratio "
+                        f"{p['ratio']:.2f}, τ family Δ/σ {p['delta_over_sigma']:.2f}", lines, None, p["sigma"]))
+    fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 7), sharex=True, height_ratios=(2, 1),
+                             squeeze=False)
+    late = frac_G >= 0.1
+    for (title, lines, reference, sigma), top, bottom in zip(columns, axes[0], axes[1]):
+        for label, l_G, style in lines:
+            ref_G = reference if reference is not None else np.mean(
+                [c for other, c, s in lines if s == style], axis=0)
+            line, = top.plot(frac_G[late], l_G[late], style, lw=1.2, label=label)
+            bottom.plot(frac_G[late], (l_G - ref_G)[late] / sigma, style, lw=1.0, color=line.get_color())
+        bottom.axhspan(-TARGET_SEPARATION, TARGET_SEPARATION, color="0.9")
+        bottom.axhline(0.0, color="k", lw=0.8)
+        top.set_title(title, fontsize=10)
+        top.legend(fontsize=7)
+        bottom.set_xlabel("fraction of training t̂")
+    axes[0, 0].set_ylabel("normalized eval loss L(t̂)/L(T)")
+    axes[1, 0].set_ylabel("residual / σ (band ±3σ)")
+    fig.tight_layout()
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _runs_table(workdir: str, runs: list, finals: dict, seconds: dict) -> tuple[list[str], dict]:
+    rows, facts = [], {}
+    for r in runs:
+        with open(os.path.join(r.workdir(workdir), "plan.json")) as f:
+            plan = json.load(f)
+        final = float(finals[r.name])
+        facts[r.name] = {"n_params": plan["n_params"], "tpp": plan["tpp"], "tau": plan["tau"],
+                         "weight_decay": plan["weight_decay"], "batch_seqs": plan["batch_seqs"],
+                         "base_lr": plan["base_lr"], "steps": plan["steps"], "final_eval_loss": final,
+                         "seconds": seconds.get(r.name)}
+        rows.append([r.name, f"{plan['n_params']:,}", f"{plan['tpp']:.2f}", f"{plan['tau']:.3f}",
+                     f"{plan['weight_decay']:.3g}", plan["batch_seqs"], f"{plan['base_lr']:.3g}", plan["steps"],
+                     f"{final:.4f}", f"{seconds.get(r.name, float('nan')):.0f}"])
+    return markdown.table(["run", "N", "TPP", "tau", "weight decay", "batch (seqs)", "base LR", "steps",
+                           "final eval loss", "time (s)"], rows), facts
+
+
+def _panel_lines(panels: dict, base: dict) -> list[str]:
+    """The report's section of each panel; `base`: the facts of panel 1's base run."""
+    at = f"At the smallest size (N = {base['n_params']:,}), {base['tpp']:g} TPP"
+    lines = []
+    if "timescale" in panels:
+        p = panels["timescale"]
+        off = ", ".join(f"{name} **{x:.1f}σ**" for name, x in p["off"].items())
+        lines += ["## 1. τ, not B, η and λ separately, sets the curve's shape", "",
+                  f"{at}: the τ recipe's run (base, τ = {base['tau']:.3f}, with its seeds) and the settings at equal τ "
+                  f"({', '.join(n for n, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t == 1)}), against τ/4 "
+                  "(tau-div4) and 4τ (tau-x4).",
+                  "",
+                  f"- Equal-τ settings agree within seed noise: Δ/σ = {p['delta']:.4f} / {p['sigma']:.4f} = "
+                  f"**{p['delta_over_sigma']:.2f}** (target <= {TARGET_DELTA_OVER_SIGMA:g}: "
+                  f"{_met(p['delta_over_sigma'] <= TARGET_DELTA_OVER_SIGMA)})",
+                  f"- Off-τ curves from the equal-τ mean: {off} (target >= {TARGET_SEPARATION:g}σ each: "
+                  f"{_met(min(p['off'].values()) >= TARGET_SEPARATION)})", ""]
+    if "tpp" in panels:
+        p = panels["tpp"]
+        pairs = ", ".join(f"{pair.replace('|', ' vs ')} **{x:.1f}σ**" for pair, x in p["pairs"].items())
+        lines += ["## 2. TPP sets the shape too", "",
+                  f"{at} (base) and half and twice that, all at base's τ = {base['tau']:.3f} (σ = {p['sigma']:.4f}).",
+                  "",
+                  f"- Adjacent curves apart: {pairs} (target >= {TARGET_SEPARATION:g}σ each: {_met(p['met'])})", ""]
+    if "family" in panels:
+        p = panels["family"]
+        lines += ["## 3. The family collapses under the τ recipe, and the naive recipe does not", "",
+                  f"- Collapse spread (mean |ℓ − family mean|): τ {p['tau_spread']:.4f}, naive {p['naive_spread']:.4f}; "
+                  f"ratio naive / τ **{p['ratio']:.2f}** (target >= {TARGET_RATIO:g}: {_met(p['ratio'] >= TARGET_RATIO)})",
+                  f"- τ family across sizes against seed noise: Δ/σ = {p['delta']:.4f} / {p['sigma']:.4f} = "
+                  f"**{p['delta_over_sigma']:.2f}** (target <= {TARGET_DELTA_OVER_SIGMA:g}: "
+                  f"{_met(p['delta_over_sigma'] <= TARGET_DELTA_OVER_SIGMA)})", ""]
+    return lines
+
+
+def write_report(workdir: str, runs: list, seconds: dict[str, float], quick: bool, variant: tuple[str, ...] = (),
+                 downstream: dict[str, dict] | None = None) -> dict:
+    """Measures every panel the runs cover, writes demo.png, report.md and report.json, and returns the latter's
+    content. `seconds`: each run's training time by name; `downstream`: the τ family's results files
+    (`demo.score_downstream`), for the downstream table and frontier.png."""
+    from celerity_jax.collapse import files
+    from celerity_jax.fileio import write_json_atomic, write_text_atomic
+
+    frac_G, curves = normalized_curves(workdir, runs)
+    keep_G = quality_range(frac_G)
+    groups = {r.group for r in runs}
+    panels = {}
+    if "timescale" in groups:
+        panels["timescale"] = timescale_panel(curves, runs, keep_G)
+    if "tpp" in groups:
+        panels["tpp"] = tpp_panel(curves, runs, keep_G)
+    if "naive" in groups:
+        panels["family"] = family_panel(curves, runs, frac_G, keep_G)
+    plot_panels(frac_G, curves, runs, panels, os.path.join(workdir, "demo.png"))
+    finals = {r.name: files.load_curve(r.workdir(workdir), loss="eval").loss_T[-1] for r in runs}
+    table, facts = _runs_table(workdir, runs, finals, seconds)
+    lines = ["# celerity demo: the paper's mechanism, against seed noise", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
+             f"{'quick (panels 1 and 2)' if quick else 'full (panels 1, 2 and 3)'}; {time.strftime('%Y-%m-%d %H:%M')}; "
+             f"training {sum(seconds.values()) / 60:.1f} min." + (f" Layered on every run: {'; '.join(variant)}."
+                                                                  if variant else ""), "",
+             "The measure: each run's eval loss on the same held-out batches at 50 points of t̂, divided by its final "
+             f"value, on {GRID_BINS} bins, over t̂ in [0.2, 1]. σ is the spread across seeds of one setting "
+             "(panels 1 and 2: timescale/base and its repeats; panel 3: the τ family's repeated sizes).", "",
+             "![demo](demo.png)", ""]
+    lines += _panel_lines(panels, facts["timescale/base"])
+    lines += ["## Runs", ""] + table + [""]
+    summary = {"quick": quick, "train_seconds": sum(seconds.values()), **panels, "runs": facts}
+    if downstream:
+        downstream_lines, summary["downstream"] = _downstream_report(workdir, downstream)
+        lines += downstream_lines
+    write_text_atomic(os.path.join(workdir, "report.md"), "\n".join(lines))
+    write_json_atomic(os.path.join(workdir, "report.json"), summary)
+    return summary
+
+
+def _downstream_report(workdir: str, downstream: dict[str, dict]) -> tuple[list[str], dict]:
+    """The report's downstream section and summary: the tau family's built-in-task scores by size, whether they
+    rise with size, and frontier.png with the paper's form fitted to them (or why there is no fit)."""
+    from celerity_jax.evaluate import builtin_task, frontier, results
+
+    task = builtin_task.TASK_NAME
+    by_size = sorted(downstream.items(), key=lambda item: item[1]["n_params"])
+    scores = {name: c["tasks"][task] for name, c in by_size}
+    rows = [[name, f"{c['n_params']:,}", f"{c['train_flops']:.3g}", f"{100 * scores[name]['value']:.2f}",
+             f"{100 * scores[name]['stderr']:.2f}", scores[name]["docs"]] for name, c in by_size]
+    accs = [scores[name]["value"] for name, _ in by_size]
+    rising = all(a < b for a, b in zip(accs, accs[1:]))
+    lines = ["## Downstream: the built-in task", "",
+             f"The tau family's final checkpoints scored by `celerity eval --tasks {task}`: pick the true rest of a "
+             "held-out standard-library line among 4 (chance 25%), metric acc.", ""]
+    lines += markdown.table(["run", "N", "training FLOPs", "acc (%)", "stderr (%)", "documents"], rows)
+    by_n = ", ".join(f"{name.split('/')[1]} {100 * a:.2f}%" for (name, _), a in zip(by_size, accs))
+    lines += ["", f"- Larger sizes score higher: **{'yes' if rising else 'no'}** ({by_n}, in order of N)."]
+    points = frontier.load_points([results.result_path(c["workdir"], c["step"]) for _, c in by_size])
+    try:
+        fit = frontier.fit_frontier([p.flops for p in points], [p.accuracy for p in points])
+    except ConfigError as e:
+        lines += [f"- No frontier fit: {e}.", ""]
+        return lines, {"rising": rising, "scores": scores, "fit": None}
+    frontier.plot_frontier(points, frontier.load_published(), fit, os.path.join(workdir, "frontier.png"))
+    lines += [f"- The paper's form {frontier.FORM} fitted to them: k = {fit.k:.4g}, log10 C₀ = {fit.log10_c0:.4g}. "
+              "The paper's points (its seven tasks) are drawn on their own axis: a different measure.", "",
+              "![frontier](frontier.png)", ""]
+    return lines, {"rising": rising, "scores": scores, "fit": {"k": fit.k, "log10_c0": fit.log10_c0}}

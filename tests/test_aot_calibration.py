@@ -1,0 +1,73 @@
+"""The calibration of XLA's TPU estimates: the fit, its application to a report, and the report's line."""
+
+import math
+
+import pytest
+
+from celerity_jax.aot import calibration
+from celerity_jax.aot.report import calibrated_line, format_report
+from celerity_jax.errors import ConfigError
+
+
+def _points(a: float, b: float, mfus=(0.6, 0.8, 1.0, 1.2)) -> list[dict]:
+    return [{"est_mfu": m, "ratio": a * m ** b, "chip": "v5p"} for m in mfus]
+
+
+def test_the_fit_recovers_a_power_law_exactly():
+    f = calibration.fit(_points(0.7, -0.8))
+    assert f["a"] == pytest.approx(0.7) and f["b"] == pytest.approx(-0.8)
+    assert f["rms_log_residual"] == pytest.approx(0, abs=1e-12) and f["rms_log_loo"] == pytest.approx(0, abs=1e-12)
+    assert f["est_mfu_range"] == [0.6, 1.2] and f["n"] == 4
+
+
+def test_one_constant_ratio_fits_as_b_zero_with_its_spread_as_residuals():
+    points = [{"est_mfu": m, "ratio": r} for m, r in ((0.5, 0.6), (0.7, 0.66), (0.9, 0.6), (1.1, 0.66))]
+    f = calibration.fit(points)
+    assert f["b"] == pytest.approx(0, abs=0.2)
+    assert f["residual_min"] < 0 < f["residual_max"]
+
+
+def test_too_few_points_or_a_bad_mfu_is_one_clear_error():
+    with pytest.raises(ConfigError, match="at least 3 points"):
+        calibration.fit(_points(0.7, 0.0, mfus=(0.5, 0.9)))
+    with pytest.raises(ConfigError, match="cannot be calibrated"):
+        calibration.ratio(0.0, {"a": 1.0, "b": 0.0})
+
+
+def test_expected_scales_the_estimate_and_says_when_it_extrapolates():
+    data = {"points": _points(0.7, -1.0), "fit": calibration.fit(_points(0.7, -1.0))}
+    report = {"est_step_seconds": 2.0, "est_tokens_per_sec": 1000.0, "est_mfu": 0.9}
+    cal = calibration.expected(report, data)
+    assert cal["ratio"] == pytest.approx(0.7 / 0.9) and cal["mfu"] == pytest.approx(0.7)
+    assert cal["step_seconds"] == pytest.approx(2.0 * 0.9 / 0.7) and not cal["extrapolated"]
+    assert "4 published runs (v5p)" in cal["basis"]
+    assert calibration.expected(dict(report, est_mfu=1.5), data)["extrapolated"]
+    assert calibration.expected(dict(report, est_step_seconds=None), data) is None
+    assert calibration.expected(report, {"fit": None}) is None
+
+
+def test_the_shipped_data_names_a_source_for_every_measurement():
+    data = calibration.load()
+    assert len(data["measurements"]) >= 4
+    assert len({m["topology"].split("-")[0] for m in data["measurements"]}) >= 2
+    for m in data["measurements"]:
+        assert m["source"] and m["config_source"] and m["gin"].endswith(".gin")
+        assert "tokens_per_sec_per_chip" in m["published"] or "tflops_per_chip" in m["published"]
+    if data["fit"]:
+        assert data["fit"]["n"] == len(data["points"]) and math.isfinite(data["fit"]["b"])
+
+
+def test_the_report_carries_the_calibrated_line():
+    cal = {"ratio": 0.6, "step_seconds": 3.5, "step_seconds_lo": 3.0, "step_seconds_hi": 4.2, "mfu": 0.55,
+           "mfu_lo": 0.47, "mfu_hi": 0.62, "basis": "XLA's estimate × 0.60: ..."}
+    line = calibrated_line(cal, steps=1000)
+    assert line.startswith("expected  3.500 s/step (3.000–4.200), MFU 55% (47%–62%), 0.04 days: XLA's estimate")
+    report = {"mesh_shape": [1, 4, 1], "microbatches": 1, "remat": "none", "scan_layers": True,
+              "compute_dtype": "bfloat16", "attention_impl": "flash", "logits_chunk_len": 8, "seq_len": 8,
+              "unsplit": [], "batch_seqs": 4, "steps": 1000, "bytes_per_chip": 1e9, "usable_bytes_per_chip": 1e10,
+              "fits": True, "headroom": 0.9, "compile_seconds": 1.0, "error": None, "model_flops_per_step": 1e12,
+              "xla_flops_per_step": 1e12, "est_step_seconds": 2.1, "est_tokens_per_sec": 16.0, "est_mfu": 0.9,
+              "est_days": 0.02, "est_chip_hours": 1.0, "estimate_note": "estimates", "gin_params": [],
+              "calibrated": cal}
+    lines = format_report(report).splitlines()
+    assert lines[3].startswith("estimate* ") and lines[5] == line

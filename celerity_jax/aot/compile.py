@@ -13,7 +13,7 @@ import time
 import jax
 
 from celerity_jax import accelerators, recipe
-from celerity_jax.aot import estimate
+from celerity_jax.aot import calibration, estimate
 from celerity_jax.aot.cache import Cache
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import sharding
@@ -65,19 +65,21 @@ def without_persistent_cache():
         jax.config.update("jax_enable_compilation_cache", enabled)
 
 
-def compile_report(configs, topology: str, setting: Setting | None = None, *, cache: Cache = Cache(None)) -> dict:
+def compile_report(configs, topology: str, setting: Setting | None = None, *, cache: Cache = Cache(None),
+                   estimate_unfit: bool = False) -> dict:
     """Compiles the train step of `configs` (with `setting`, default: the configs' own) for the slice `topology`.
 
     Raises ConfigError when the setting cannot be built (mesh, batch split) or XLA fails for another reason; a
-    step that does not fit is reported with fits False."""
+    step that does not fit is reported with fits False, and without estimates unless `estimate_unfit` (the
+    estimate is assembled from loop-free pieces, `aot.estimate`, which compile whether or not the step fits)."""
     with without_persistent_cache():
         try:
-            return _compile_report(configs, topology, setting or Setting.of(configs), cache)
+            return _compile_report(configs, topology, setting or Setting.of(configs), cache, estimate_unfit)
         except jax.errors.JaxRuntimeError as e:
             raise ConfigError(f"XLA could not compile the step for {topology}: {' '.join(str(e).split())[:300]}") from None
 
 
-def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> dict:
+def _compile_report(configs, topology: str, setting: Setting, cache: Cache, estimate_unfit: bool) -> dict:
     slice_, devices = slice_devices(topology)
     run = apply_setting(configs, setting, slice_.chip.platform)
     plan = recipe.make_plan(run.model, run.recipe)
@@ -102,8 +104,9 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache) -> d
         "est_days": None, "est_chip_hours": None, "estimate_note": ESTIMATE_NOTE,
         "gin_params": setting.gin_params(),
     }
-    if report["fits"]:
+    if report["fits"] or estimate_unfit:
         report.update(_estimates(run, plan, build, mesh, slice_, cache, model_flops))
+    report["calibrated"] = calibration.expected(report)
     return report
 
 

@@ -25,6 +25,14 @@ def nothing_fits(tried: list[dict]) -> str:
     return "no setting tried fits with 10% headroom: try a larger slice (or a shorter RecipeConfig.seq_len)"
 
 
+def calibrated_line(cal: dict, steps: int) -> str:
+    """The calibrated expectation (`aot.calibration.expected`) as one report line, with its band and basis."""
+    days = steps * cal["step_seconds"] / 86400
+    return (f"expected  {cal['step_seconds']:.3f} s/step ({cal['step_seconds_lo']:.3f}–{cal['step_seconds_hi']:.3f}), "
+            f"MFU {cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%}), {days:.2f} days: {cal['basis']} "
+            "(docs/accelerators.md)")
+
+
 def format_report(report: dict) -> str:
     """A compile report (`aot.compile.compile_report`, or a search's best) as aligned lines."""
     if "mesh_shape" not in report:
@@ -40,6 +48,8 @@ def format_report(report: dict) -> str:
                      f"MFU {report['est_mfu']:.1%}; the plan's {report['steps']:,} steps: {report['est_days']:.2f} days, "
                      f"{report['est_chip_hours']:,.0f} chip-hours")
         lines.append(f"          XLA FLOPs / model FLOPs = {report['xla_flops_per_step'] / report['model_flops_per_step']:.2f}")
+    if report.get("calibrated"):
+        lines.append(calibrated_line(report["calibrated"], report["steps"]))
     lines.append(f"*         {report['estimate_note']}")
     if report["fits"]:
         lines.append("gin       " + " ".join(f'--gin-param "{p}"' for p in report["gin_params"]))

@@ -1,3 +1,4 @@
+import dataclasses
 import types
 
 import pytest
@@ -9,8 +10,22 @@ CONTROLS = Controls(n_params=1e5, tpp=20.0, tau=0.17, schedule="d2z", warmup_fra
 
 
 def test_controls_from_a_plan():
-    plan = types.SimpleNamespace(n_params=2e5, tpp=20.0, tau=0.3, schedule="cosine", warmup_steps=25, steps=500)
+    plan = types.SimpleNamespace(n_params=2e5, tpp=20.0, tau=0.3, schedule="cosine", warmup_steps=25, steps=500,
+                                 wsd_decay_frac=0.2)
     assert Controls.from_plan(plan) == Controls(2e5, 20.0, 0.3, "cosine", 0.05)
+    wsd = types.SimpleNamespace(**{**vars(plan), "schedule": "wsd", "wsd_decay_frac": 0.4})
+    assert Controls.from_plan(wsd) == Controls(2e5, 20.0, 0.3, "wsd", 0.05, wsd_decay_frac=0.4)
+
+
+def test_the_wsd_decay_fraction_travels_with_the_schedule():
+    short, long = (Controls(1e5, 20.0, 0.17, "wsd", 0.1, wsd_decay_frac=d) for d in (0.2, 0.5))
+    assert short.mismatches(long) == ["wsd_decay_frac 0.2 vs 0.5"]
+    assert short.mismatches(dataclasses.replace(long, n_params=1e9, wsd_decay_frac=0.2)) == []
+    assert Controls(schedule="cosine", wsd_decay_frac=0.5).wsd_decay_frac is None  # only wsd has the shape
+    meta = {"schedule": "wsd", "wsd_decay_frac": 0.5, "tpp": 20.0}
+    assert controls_from_mapping(meta, "p")[0] == Controls(tpp=20.0, schedule="wsd", wsd_decay_frac=0.5)
+    assert controls_from_mapping({**meta, "schedule": "d2z"}, "p")[0] == Controls(tpp=20.0, schedule="d2z")
+    assert controls_from_mapping(long.to_dict(), "ref.json")[0] == long
 
 
 def test_controls_compare_collapse_fields_only():

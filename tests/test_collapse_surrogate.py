@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from celerity_jax.collapse import curves, files, surrogate
+from celerity_jax.collapse import curves, files, reference, surrogate
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
@@ -114,3 +114,16 @@ def test_surrogate_inputs_normalize_runs_and_select_curves():
     assert second.info == inputs.info[1:] and np.array_equal(second.curves_CxG, inputs.curves_CxG[1:])
     with pytest.raises(ConfigError, match=r"run0/curve.csv: the surrogate needs the controls \['tau'\]"):
         surrogate.surrogate_inputs([_curve(0, dataclasses.replace(CONTROLS, tau=None))], N_BINS, 11)
+
+
+def test_the_surrogate_follows_the_wsd_decay_fraction():
+    constants = surrogate.SurrogateConstants(0.1, 0.0, 1.0, 0.0)
+    wsd = dataclasses.replace(CONTROLS, schedule="wsd")
+    default, short, long = (reference.reference_from_surrogate(constants, dataclasses.replace(wsd, wsd_decay_frac=d),
+                                                               N_BINS) for d in (None, 0.2, 0.5))
+    np.testing.assert_array_equal(default.normalized_G, short.normalized_G)
+    assert np.abs(long.normalized_G - short.normalized_G).max() > 0.01
+    assert long.controls.mismatches(short.controls) == ["wsd_decay_frac 0.5 vs 0.2"]
+    runs = [_curve(0, dataclasses.replace(wsd, wsd_decay_frac=d)) for d in (0.2, 0.5)]
+    eta_CxG = surrogate.surrogate_inputs(runs, N_BINS, 11).eta_CxG
+    assert np.abs(eta_CxG[0] - eta_CxG[1]).max() > 0.5

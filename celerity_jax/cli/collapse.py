@@ -44,6 +44,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--tpp", type=float)
     p.add_argument("--schedule")
     p.add_argument("--warmup-frac", type=float, default=0.0)
+    p.add_argument("--wsd-decay-frac", type=float, help="the decay fraction of a wsd schedule (default 0.2)")
     p.add_argument("--n-params", type=float)
     grid_options(p)
     loss_option(p)
@@ -138,7 +139,8 @@ def cmd_reference(args) -> int:
     if args.surrogate:
         if args.curves:
             raise ConfigError("give either CURVEs or --surrogate, not both")
-        controls = Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac)
+        controls = Controls(args.n_params, args.tpp, args.tau, args.schedule, args.warmup_frac,
+                            args.wsd_decay_frac)
         path = files.surrogate_path(args.surrogate)
         check_input_file(path, "--surrogate")
         ref = reference.reference_from_surrogate(files.load_surrogate(path), controls, grid.n_bins, path)

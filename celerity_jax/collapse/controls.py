@@ -2,8 +2,8 @@
 
 `Controls.from_plan` builds them for a planned run; `controls_from_mapping` reads them by key from a
 plan.json, a curve's sidecar JSON or a reference JSON. Two curves' controls match when TPP and τ differ by
-at most CONTROL_RTOL and the schedule names are equal; N may differ (reference.check_controls applies this
-to a run and its references).
+at most CONTROL_RTOL and the schedules are equal (for "wsd" its decay fraction too); N may differ
+(reference.check_controls applies this to a run and its references).
 """
 
 import dataclasses
@@ -30,18 +30,24 @@ class Controls:
     tau: float | None = None
     schedule: str | None = None
     warmup_frac: float | None = None
+    wsd_decay_frac: float | None = None  # the schedule's shape when it is "wsd"; None for any other schedule
+
+    def __post_init__(self):
+        if self.schedule != "wsd":
+            object.__setattr__(self, "wsd_decay_frac", None)
 
     @classmethod
     def from_plan(cls, plan) -> "Controls":
         """The controls of a run planned by `recipe.make_plan`."""
         return cls(n_params=plan.n_params, tpp=plan.tpp, tau=plan.tau, schedule=plan.schedule,
-                   warmup_frac=plan.warmup_steps / plan.steps)
+                   warmup_frac=plan.warmup_steps / plan.steps, wsd_decay_frac=plan.wsd_decay_frac)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def mismatches(self, other: "Controls") -> list[str]:
-        """Fields that collapse needs equal (TPP, τ, schedule name) and that differ; N may differ."""
+        """Fields that collapse needs equal (TPP, τ, schedule name, wsd decay fraction) and that differ; N may
+        differ."""
         out = []
         for name in ("tpp", "tau"):
             a, b = getattr(self, name), getattr(other, name)
@@ -49,6 +55,9 @@ class Controls:
                 out.append(f"{name} {a:.4g} vs {b:.4g}")
         if self.schedule and other.schedule and self.schedule != other.schedule:
             out.append(f"schedule {self.schedule!r} vs {other.schedule!r}")
+        a, b = self.wsd_decay_frac, other.wsd_decay_frac
+        if a is not None and b is not None and abs(a - b) > 1e-9:
+            out.append(f"wsd_decay_frac {a:.4g} vs {b:.4g}")
         return out
 
     def unknown(self, other: "Controls") -> list[str]:
@@ -81,7 +90,8 @@ def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field
     message of a field that cannot be used.
 
     Keys: n_params, tpp (or tokens, giving tokens/n_params), tau, schedule (a name, or a mapping with
-    "name"), warmup_frac (or warmup_steps), and total_steps (or steps).
+    "name"), warmup_frac (or warmup_steps), wsd_decay_frac (kept for a "wsd" schedule only), and total_steps
+    (or steps).
     """
     if not isinstance(meta, Mapping):
         raise ConfigError(f"{source}: the controls are {JSON_TYPES.get(type(meta), type(meta).__name__)}, "
@@ -102,5 +112,6 @@ def controls_from_mapping(meta: Mapping, source: str, fix: str = "fix that field
         schedule = schedule.get("name")
     if schedule is not None and not isinstance(schedule, str):
         raise ConfigError(f"{source}: 'schedule' = {schedule!r} is not a schedule name; {fix}")
-    controls = Controls(n_params, tpp, _number(meta, "tau", source, fix), schedule, warmup_frac)
+    controls = Controls(n_params, tpp, _number(meta, "tau", source, fix), schedule, warmup_frac,
+                        _number(meta, "wsd_decay_frac", source, fix))
     return controls, steps

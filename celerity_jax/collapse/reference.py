@@ -49,12 +49,14 @@ def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offs
 
 def reference_from_surrogate(constants: surrogate.SurrogateConstants, controls: Controls, n_bins: int,
                              source: str = "") -> Reference:
-    """The surrogate's normalized curve for the given τ, TPP and schedule (warmup_frac default 0)."""
+    """The surrogate's normalized curve for the given τ, TPP and schedule (warmup_frac default 0; a wsd schedule's
+    decay fraction its default when unknown)."""
     missing = [n for n in ("tau", "tpp", "schedule") if getattr(controls, n) is None]
     if missing:
         raise ConfigError(f"the surrogate needs the controls {missing}; pass them (--tau, --tpp, --schedule)")
     frac_G = curves.bin_centers(n_bins)
-    eta_G, eta_end = surrogate.schedule_on_grid(frac_G, controls.schedule, controls.warmup_frac or 0.0)
+    eta_G, eta_end = surrogate.schedule_on_grid(frac_G, controls.schedule, controls.warmup_frac or 0.0,
+                                                controls.wsd_decay_frac)
     curve_G = surrogate.surrogate_curve(frac_G, eta_G, eta_end, constants.b(controls.tau),
                                         constants.q(controls.tpp))
     if not bool(jnp.all(jnp.isfinite(curve_G)) and jnp.all(curve_G > 0)):

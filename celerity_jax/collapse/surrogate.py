@@ -48,10 +48,12 @@ def surrogate_curve(frac_G: jax.Array, eta_G: jax.Array, eta_end: jax.Array, b: 
 
 
 def schedule_on_grid(frac_G: jax.Array, schedule: str, warmup_frac: float,
-                     wsd_decay_frac: float = 0.2) -> tuple[jax.Array, jax.Array]:
-    """(η on the grid, η(1)) of a named schedule (celerity_jax.schedules) with peak 1."""
-    return (schedules.normalized(schedule, frac_G, warmup_frac, wsd_decay_frac),
-            schedules.normalized(schedule, 1.0, warmup_frac, wsd_decay_frac))
+                     wsd_decay_frac: float | None = None) -> tuple[jax.Array, jax.Array]:
+    """(η on the grid, η(1)) of a named schedule (celerity_jax.schedules) with peak 1; a wsd decay fraction of
+    None is the schedules' default."""
+    shape = {} if wsd_decay_frac is None else {"wsd_decay_frac": wsd_decay_frac}
+    return (schedules.normalized(schedule, frac_G, warmup_frac, **shape),
+            schedules.normalized(schedule, 1.0, warmup_frac, **shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +172,7 @@ def surrogate_inputs(runs: list[Curve], n_bins: int, smooth_bins: int) -> Surrog
             raise ConfigError(f"{run.source}: the surrogate needs the controls {missing}; add them to the "
                               "sidecar JSON or use a run directory")
         curves_C.append(curves.normalize_run(run, n_bins, smooth_bins)[0])
-        eta_G, eta_end = schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0)
+        eta_G, eta_end = schedule_on_grid(frac_G, c.schedule, c.warmup_frac or 0.0, c.wsd_decay_frac)
         eta_C.append(np.asarray(eta_G))
         eta_end_C.append(float(eta_end))
     return SurrogateInputs(np.stack(curves_C), np.asarray(frac_G), np.stack(eta_C), np.array(eta_end_C),

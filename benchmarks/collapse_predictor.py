@@ -24,7 +24,7 @@ import tempfile
 import jax
 import numpy as np
 
-from celerity_jax.collapse import curves, files, reference, surrogate
+from celerity_jax.collapse import curves, files, predictor, reference, surrogate
 from celerity_jax.collapse.types import Curve
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
@@ -84,20 +84,18 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
         others = [refs[n] for n in sizes if n != target] if leave_one_out else [refs[n] for n in sizes[:i]]
         if len(others) < 2:
             continue
-        nearest = min(others, key=lambda r: abs(math.log(r.controls.n_params / target)))
-        candidates = {"single": reference.reference_curve([nearest], frac_G),
-                      "family": reference.reference_curve(others, frac_G, target)}
+        candidates = {"single": predictor.reference_for(others, frac_G, target, "nearest"),
+                      "family": predictor.reference_for(others, frac_G, target, "family")}
         if shrunk and len(others) > 2:
             candidates["family_shrunk"] = shrunk_family_curve(others, frac_G, target)
         for run in by_size[target]:
             sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
             true_final = float(curves.smooth(sum_G, count_G, smooth_bins)[0][-1])
             for f in fracs:
-                partial = curves.bin_curve(run.frac_T[run.frac_T <= f], run.loss_T[run.frac_T <= f], n_bins)
                 row = {"curve": run.source, "n_params": target, "references": len(others), "frac": f}
                 for name, ref_G in candidates.items():
-                    pred = float(curves.early_align(*partial, ref_G, (window_start * f, f)).final)
-                    row[f"{name}_error"] = pred / true_final - 1.0
+                    pred = predictor.predict(run, ref_G, upto=f, align_start=window_start)
+                    row[f"{name}_error"] = pred.final / true_final - 1.0
                 rows.append(row)
     if not rows:
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")

@@ -131,17 +131,23 @@ def test_reference_on_grid_notes_an_unknown_n(tmp_path):
 
 
 def test_nearest_and_spans_sizes(tmp_path):
+    def spans(paths):
+        return reference.spans_sizes([files.load_reference(p) for p in paths])
+
+    def nearest(paths, n_params):
+        return reference.nearest([files.load_reference(p) for p in paths], n_params).source
+
     paths = [_saved(tmp_path, f"n{n:g}.json", dataclasses.replace(CONTROLS, n_params=n)) for n in (1e5, 4e5, 1.6e6)]
-    assert reference.spans_sizes(paths) and not reference.spans_sizes(paths[:1])
-    assert reference.nearest(paths, 1e6) == paths[2] and reference.nearest(paths, 1.9e5) == paths[0]
-    assert reference.nearest(paths, 2.1e5) == paths[1]
-    assert reference.nearest(paths[::-1], 2e5) == paths[1]  # equally near in log N: the first given
+    assert spans(paths) and not spans(paths[:1])
+    assert nearest(paths, 1e6) == paths[2] and nearest(paths, 1.9e5) == paths[0]
+    assert nearest(paths, 2.1e5) == paths[1]
+    assert nearest(paths[::-1], 2e5) == paths[1]  # equally near in log N: the first given
     same = _saved(tmp_path, "again.json", dataclasses.replace(CONTROLS, n_params=1e5))
-    assert not reference.spans_sizes([paths[0], same])
+    assert not spans([paths[0], same])
     unknown = _saved(tmp_path, "unknown.json", dataclasses.replace(CONTROLS, n_params=None))
-    assert not reference.spans_sizes([unknown] + paths)
-    assert reference.nearest([unknown] + paths, 1e6) == paths[2]  # unknown N counts only when nothing is known
-    assert reference.nearest([unknown, unknown], 1e6) == unknown
+    assert not spans([unknown] + paths)
+    assert nearest([unknown] + paths, 1e6) == paths[2]  # unknown N counts only when nothing is known
+    assert nearest([unknown, unknown], 1e6) == unknown
 
 
 def _ref(name: str, controls: Controls, offset: float = 0.0) -> Reference:

@@ -157,19 +157,21 @@ def cmd_reference(args) -> int:
 
 
 def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
-    """Early-align of `run` against the references (family-aware when they span sizes)."""
-    from celerity_jax.collapse import curves, monitor, reference
+    """The predictor's final loss of `run` against the references (family-aware when they span sizes), and the
+    monitor's metrics now."""
+    from celerity_jax.collapse import curves, monitor, predictor, reference
 
     reference_G, notes = reference.reference_on_grid(paths, cfg, run.controls, run.source, force, run.loss)
-    state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins)))
-    metrics = {k: float(v) for k, v in monitor.monitor_metrics(state, reference_G, cfg).items()}
-    if math.isnan(metrics["collapse/pred_final_loss"]):
+    pred = predictor.predict(run, reference_G, window=cfg.align_window, offset=cfg.offset,
+                             min_span=cfg.min_align_span)
+    if pred is None:
         lo, hi = cfg.align_window
         raise ConfigError(f"{run.source}: the curve ends at t̂ = {float(run.frac_T[-1]):.3f}, shorter than the "
                           f"alignment window [{lo:g}, {hi:g}] needs (t̂ >= {lo + cfg.min_align_span:.3g}); "
                           "pass an earlier --window")
-    return {"pred_final_loss": metrics["collapse/pred_final_loss"],
-            "pred_final_loss_err": metrics["collapse/pred_final_loss_err"],
+    state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, cfg.n_bins)))
+    metrics = {k: float(v) for k, v in monitor.monitor_metrics(state, reference_G, cfg).items()}
+    return {"pred_final_loss": pred.final, "pred_final_loss_err": pred.err,
             "normalized_loss": metrics["collapse/normalized_loss"], "residual": metrics["collapse/residual"],
             "alert": bool(metrics["collapse/alert"]), "notes": notes}
 
@@ -190,7 +192,8 @@ def cmd_predict(args) -> int:
     if args.n_params:
         run = dataclasses.replace(run, controls=dataclasses.replace(run.controls, n_params=args.n_params))
     result = _prediction(run, paths, cfg, args.force)
-    family = run.controls.n_params is not None and reference.spans_sizes(paths)
+    refs = [files.load_reference(p) for p in paths]
+    family = run.controls.n_params is not None and reference.spans_sizes(refs)
     out = {"curve": run.source, "step": int(run.step_T[-1]), "total_steps": run.total_steps,
            "observed_frac": float(run.frac_T[-1]), "window": [window[0], min(window[1], float(run.frac_T[-1]))],
            "method": "family-aware" if family else "single reference",
@@ -201,7 +204,7 @@ def cmd_predict(args) -> int:
            "normalized_loss_now": result["normalized_loss"], "residual_now": result["residual"],
            "alert_now": result["alert"], "notes": result["notes"]}
     if family:
-        nearest = reference.nearest(paths, run.controls.n_params)
+        nearest = reference.nearest(refs, run.controls.n_params).source
         single = _prediction(run, [nearest], cfg, args.force)
         out["single_reference"] = {"reference": nearest, "pred_final_loss": single["pred_final_loss"],
                                    "pred_final_loss_err": single["pred_final_loss_err"]}

@@ -11,6 +11,8 @@ Modules, each importing only those above it:
 - `config`: `CurveGrid` (the offline tools' grid) and `MonitorConfig` (gin-bound; the alert policy).
 - `reference`: building references (from curves or the surrogate) and choosing them for a run
   (`check_controls`, `reference_on_grid`, `nearest`, `spans_sizes`).
+- `predictor`: the one home of final-loss prediction (a run's curve so far, its references by the nearest or
+  family method, the window): the monitor, `celerity collapse predict`, the sweep and the benchmark call it.
 - `monitor`: the in-loop monitor's jitted state and metrics, and its replay on a recorded curve.
 - `compare`: quality tables and figures of finished runs.
 - `detectors`: a raw-loss z-score detector, the baseline the alert is measured against.

@@ -130,19 +130,14 @@ def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, cont
     return reference_curve(refs, frac_G, controls.n_params), notes
 
 
-def _sizes(paths: Sequence[str]) -> dict[str, float | None]:
-    return {p: load_reference(p).controls.n_params for p in paths}
-
-
-def spans_sizes(paths: Sequence[str]) -> bool:
+def spans_sizes(refs: Sequence[Reference]) -> bool:
     """Whether the references have more than one N, all known: then the family-aware curve applies."""
-    sizes = _sizes(paths)
-    return None not in sizes.values() and len(set(sizes.values())) > 1
+    sizes = [r.controls.n_params for r in refs]
+    return None not in sizes and len(set(sizes)) > 1
 
 
-def nearest(paths: Sequence[str], n_params: float) -> str:
+def nearest(refs: Sequence[Reference], n_params: float) -> Reference:
     """The reference nearest to N = `n_params` in log N (the first such); references of unknown N count only
     when no reference's N is known (then it is the first of them)."""
-    sizes = _sizes(paths)
-    known = [p for p in paths if sizes[p] is not None] or list(paths)
-    return min(known, key=lambda p: abs(math.log((sizes[p] or n_params) / n_params)))
+    known = [r for r in refs if r.controls.n_params is not None] or list(refs)
+    return min(known, key=lambda r: abs(math.log((r.controls.n_params or n_params) / n_params)))

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 
-from celerity_jax.collapse import curves, files, reference
+from celerity_jax.collapse import files, predictor, reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.run import Run, RunSpec, load as load_run
@@ -109,25 +109,19 @@ def reference_paths(sr: SettingRuns, force: bool) -> list[str]:
     return paths
 
 
-def predict(curve, reference_G, frac: float, align_start: float, offset: float) -> dict | None:
-    """Early-align of the curve's steps up to t̂ = `frac` over [align_start·frac, frac]: the predicted
-    final loss and its 1σ error, or None when the curve has not reached `frac`."""
-    if curve.step_T[-1] < math.floor(frac * curve.total_steps + 1e-9):
-        return None
-    seen_T = curve.frac_T <= frac + 1e-9
-    sum_G, count_G = curves.bin_curve(curve.frac_T[seen_T], curve.loss_T[seen_T], reference_G.shape[0])
-    align = curves.early_align(sum_G, count_G, reference_G, (align_start * frac, frac), offset)
-    if not math.isfinite(float(align.final)):
-        return None
-    return {"pred": float(align.final), "err": float(align.final_err)}
+def _predict(curve, reference_G, frac: float, align_start: float, offset: float) -> dict | None:
+    """The predictor's final loss from the curve up to t̂ = `frac`, aligned over [align_start·frac, frac]."""
+    pred = predictor.predict(curve, reference_G, upto=frac, align_start=align_start, offset=offset)
+    return None if pred is None else {"pred": pred.final, "err": pred.err}
 
 
 def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) -> dict:
     """{"method", "notes", "family"/"nearest": {fraction: prediction}} for one setting's target."""
     grid = sr.target.configs.monitor.grid
     curve = files.load_curve(sr.target.workdir)
-    spans = reference.spans_sizes(ref_paths)
-    nearest = reference.nearest(ref_paths, sr.target.plan.n_params)
+    refs = [files.load_reference(p) for p in ref_paths]
+    spans = reference.spans_sizes(refs)
+    nearest = reference.nearest(refs, sr.target.plan.n_params).source
     method = ("family" if spans else "nearest") if spec.method == "auto" else spec.method
     candidates = {"family": ref_paths, "nearest": [nearest]} if spans else {"nearest": ref_paths}
     out = {"method": method if method in candidates else "nearest", "references": ref_paths,
@@ -136,7 +130,7 @@ def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) 
         reference_G, notes = reference.reference_on_grid(paths, grid, curve.controls, sr.target.name, spec.force,
                                                          curve.loss)
         out["notes"] += [n for n in notes if n not in out["notes"]]
-        out[name] = {str(f): predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
+        out[name] = {str(f): _predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
     return out
 
 

@@ -1,0 +1,104 @@
+import dataclasses
+import importlib.util
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from celerity_jax import cli
+from celerity_jax.collapse import curves, files, monitor, predictor, reference, surrogate
+from celerity_jax.collapse.config import CurveGrid, replay_config
+from celerity_jax.sweep import runner
+
+STEPS = 1000
+N_BINS = 200
+SIZES = (1e5, 2e5, 4e5, 8e5)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write_run(directory, n: float, seed: int, steps: int = STEPS) -> str:
+    """A CSV curve of a family whose normalized curve drifts with N, with its sidecar of controls."""
+    _, loss_T = surrogate.sample_curve(jax.random.key(seed), STEPS, 0.1 * (n / 1e5)**0.15, 1.0,
+                                       4.0 * (n / 1e5)**-0.1, 0.01)
+    path = os.path.join(directory, f"n{int(n)}_s{seed}.csv")
+    with open(path, "w") as f:
+        f.write("step,loss\n" + "".join(f"{s},{v!r}\n" for s, v in zip(range(1, steps + 1),
+                                                                         np.asarray(loss_T)[:steps].tolist())))
+    with open(path[:-4] + ".json", "w") as f:
+        json.dump({"n_params": n, "tpp": 20, "tau": 0.17, "schedule": "d2z", "warmup_frac": 0.1,
+                   "total_steps": STEPS}, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("family"))
+    runs = {n: _write_run(d, n, i) for i, n in enumerate(SIZES)}
+    refs = []
+    for n in SIZES[:3]:
+        refs.append(os.path.join(d, f"ref_{int(n)}.json"))
+        files.save_reference(reference.reference_from_curves([files.load_curve(runs[n])], N_BINS, 11), refs[-1])
+    return d, runs, refs
+
+
+def test_window_rule():
+    assert predictor.window_at(0.3) == (0.15, 0.3)
+    assert predictor.window_at(0.3, align_start=0.2) == pytest.approx((0.06, 0.3))
+    assert predictor.window_at(0.3, (0.25, 0.5)) == (0.25, 0.5)
+
+
+def test_every_user_of_prediction_gives_the_same_number(family, capsys):
+    d, runs, refs = family
+    partial = _write_run(d, SIZES[3], 13, steps=int(0.4 * STEPS))
+    run = files.load_curve(partial)
+    loaded = [files.load_reference(p) for p in refs]
+    frac_G = curves.bin_centers(N_BINS)
+    family_G = predictor.reference_for(loaded, frac_G, SIZES[3], "family")
+    nearest_G = predictor.reference_for(loaded, frac_G, SIZES[3], "nearest")
+    np.testing.assert_array_equal(nearest_G, reference.reference_curve([loaded[2]], frac_G))
+    assert np.abs(np.asarray(family_G) - np.asarray(nearest_G)).max() > 1e-3
+
+    # the in-loop monitor and `celerity collapse predict`, over the fixed window [0.25, 0.5], at t̂ = 0.4
+    cfg = replay_config(CurveGrid(N_BINS), (0.25, 0.5))
+    pred = predictor.predict(run, family_G, window=cfg.align_window, min_span=cfg.min_align_span)
+    assert pred.window == (0.25, 0.5) and pred.seen == pytest.approx(0.4)
+    state = dict(zip(("loss_sum", "count"), curves.bin_curve(run.frac_T, run.loss_T, N_BINS)))
+    metrics = monitor.monitor_metrics(state, family_G, cfg)
+    assert float(metrics["collapse/pred_final_loss"]) == pred.final
+    assert float(metrics["collapse/pred_final_loss_err"]) == pred.err
+    assert cli.main(["collapse", "predict", "--reference", ",".join(refs), "--curve", partial, "--bins",
+                     str(N_BINS), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pred_final_loss"] == pred.final and out["pred_final_loss_err"] == pred.err
+    single = predictor.predict(run, nearest_G, window=cfg.align_window, min_span=cfg.min_align_span)
+    assert out["single_reference"]["pred_final_loss"] == single.final
+
+    # the sweep, at t̂ = 0.3 over [0.5·0.3, 0.3]
+    at = predictor.predict(run, family_G, upto=0.3, align_start=0.5)
+    assert runner._predict(run, family_G, 0.3, 0.5, 0.0) == {"pred": at.final, "err": at.err}
+    assert runner._predict(run, family_G, 0.5, 0.5, 0.0) is None  # not reached yet
+    assert predictor.predict(run, family_G, upto=0.5) is None
+
+    # the benchmark, on the finished target
+    spec = importlib.util.spec_from_file_location("collapse_predictor",
+                                                  os.path.join(ROOT, "benchmarks", "collapse_predictor.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.evaluate(list(runs.values()), [0.3], N_BINS, 11, False)
+    row = next(r for r in result["rows"] if r["n_params"] == SIZES[3])
+    target = files.load_curve(runs[SIZES[3]])
+    true_final = float(curves.smooth(*curves.bin_curve(target.frac_T, target.loss_T, N_BINS), 11)[0][-1])
+    for name, ref_G in (("single", nearest_G), ("family", family_G)):
+        expected = predictor.predict(target, ref_G, upto=0.3).final / true_final - 1.0
+        assert row[f"{name}_error"] == pytest.approx(expected, abs=1e-6)  # its references are not read from JSON
+
+
+def test_a_prediction_needs_the_window_started(family):
+    _, runs, refs = family
+    run = files.load_curve(runs[SIZES[0]])
+    ref_G = reference.reference_curve([files.load_reference(refs[1])], curves.bin_centers(N_BINS))
+    early = dataclasses.replace(run, step_T=run.step_T[:250], loss_T=run.loss_T[:250], frac_T=run.frac_T[:250])
+    assert predictor.predict(early, ref_G, window=(0.25, 0.5), min_span=0.05) is None
+    assert predictor.predict(early, ref_G, window=(0.2, 0.5), min_span=0.05).seen == pytest.approx(0.25)

@@ -14,7 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from celerity_jax.collapse import curves
+from celerity_jax.collapse import curves, predictor
 from celerity_jax.collapse.config import MonitorConfig
 
 METRICS = ("collapse/normalized_loss", "collapse/residual", "collapse/residual_sigma",
@@ -38,9 +38,9 @@ def monitor_update(state: dict[str, jax.Array], loss: jax.Array, frac: jax.Array
 def _aligned(state: dict[str, jax.Array], reference_G: jax.Array, cfg: MonitorConfig):
     """(alignment, residual_G, sigma_G, normalized_G, current bin j, ready): ready once predictions start."""
     sum_G, count_G = state["loss_sum"], state["count"]
-    align = curves.early_align(sum_G, count_G, reference_G, cfg.align_window, cfg.offset)
+    align, ready = predictor.predict_binned(sum_G, count_G, reference_G, cfg.align_window, cfg.offset,
+                                            cfg.min_align_span)
     j = curves.last_bin(count_G)
-    ready = ((j + 1) / cfg.n_bins >= cfg.align_window[0] + cfg.min_align_span) & jnp.isfinite(align.final)
     r_G, sigma_G, normalized_G = curves.residuals(sum_G, count_G, reference_G, align, cfg.smooth_bins,
                                                   cfg.offset)
     return align, r_G, sigma_G, normalized_G, j, ready

@@ -42,17 +42,18 @@ import numpy as np
 import optax
 
 from celerity_jax import hostmem, recipe, rundir
+from celerity_jax.accelerators import host_cpu_name
 from celerity_jax.collapse import monitor as monitor_lib
 from celerity_jax.collapse.config import MonitorConfig
-from celerity_jax.accelerators import host_cpu_name
+from celerity_jax.configs import RunConfigs, RunDefinition, TrainConfig
+from celerity_jax.data.config import DataConfig
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import params as params_lib, presets, sharding, transformer
 from celerity_jax.model.config import ATTENTION_IMPLS, ModelConfig
 from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import loop
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.config import TrainConfig
-from celerity_jax.train.log_step import StepLog, peak_flops
+from celerity_jax.train.log_step import Measures, StepLog, Writers
 from celerity_jax.train.progress import Progress
 
 BIG_SEQ_LEN, BIG_BATCH = 2048, 16  # the 300m shape on an accelerator
@@ -132,19 +133,16 @@ def device_peak_bytes() -> int | None:
     return stats.get("peak_bytes_in_use") if stats else None
 
 
-def log_step_seconds(state, metrics, plan, log_every: int) -> float:
+def log_step_seconds(state, metrics, run: RunDefinition, log_every: int) -> float:
     """The trainer's host work at one log step: its divergence check (`train.loop`) and `StepLog.record`
     (fetch the pending losses and the metrics, compute the collapse metrics, write TensorBoard, curve.csv
     and the console line), without an eval. Median of 5, after a warm-up that compiles `monitor_metrics`."""
-    monitor_cfg = MonitorConfig()
-    reference_G = jnp.linspace(2.0, 1.0, monitor_cfg.n_bins)  # any reference costs the same
+    reference_G = jnp.linspace(2.0, 1.0, run.configs.monitor.n_bins)  # any reference costs the same
     pending = [metrics["train/loss"]] * log_every
     with tempfile.TemporaryDirectory() as workdir:
         tb, curve = TensorBoardWriter(workdir), CurveCSV(os.path.join(workdir, rundir.CURVE_CSV), 0)
-        progress = Progress(plan.steps, 0, stream=io.StringIO())
-        step_log = StepLog(plan, monitor_cfg, tb=tb, curve=curve, progress=progress,
-                           loss_ema_decay=TrainConfig.loss_ema, peak=peak_flops(TrainConfig.peak_flops_per_sec),
-                           start_step=0, reference_G=reference_G)
+        progress = Progress(run.plan.steps, 0, stream=io.StringIO())
+        step_log = StepLog(run, Writers(tb, curve), progress, 0, Measures(reference_G=reference_G))
 
         def once(step: int):
             loop.bad_step_counts(state)
@@ -160,9 +158,11 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     big = size == "300m"
     seq_len, batch_seqs = (BIG_SEQ_LEN, BIG_BATCH) if big else (args.seq_len, args.batch)
     cfg = model_config(size, args)
-    plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=20, seq_len=seq_len, batch_seqs=batch_seqs,
-                                                     warmup_tokens=None))
-    build = step_lib.build_step(cfg, plan, MonitorConfig(), sharding.make_mesh((-1, 1, 1)), microbatches=1,
+    run = RunDefinition.of(RunConfigs(cfg, recipe.RecipeConfig(tpp=20, seq_len=seq_len, batch_seqs=batch_seqs,
+                                                               warmup_tokens=None),
+                                      DataConfig(), TrainConfig(), MonitorConfig()))
+    plan = run.plan
+    build = step_lib.build_step(cfg, plan, run.configs.monitor, sharding.make_mesh((-1, 1, 1)), microbatches=1,
                                 z_loss=0.0, seed=0)  # as the trainer builds it
     optimizer, state_sh, batch_sh = build.optimizer, build.state_shardings, build.batch_sharding
     tokens_BxL1 = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch_seqs, seq_len + 1), dtype=np.int32)
@@ -219,7 +219,7 @@ def bench_shape(size: str, args, peak_fns: dict) -> dict:
     if args.profile:
         with jax.profiler.trace(os.path.join(args.profile, f"d{cfg.d_model}")):
             advance(runs["real"], 3)
-    log_s = log_step_seconds(runs["real"]["state"], runs["real"]["metrics"], plan, args.log_every)
+    log_s = log_step_seconds(runs["real"]["state"], runs["real"]["metrics"], run, args.log_every)
 
     peaks = {name: flops / min(peak_times[name]) for name, (_, flops) in peak_fns.items()}
     peak = max(peaks.values())

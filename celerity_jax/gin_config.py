@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 import gin
 
 from celerity_jax.collapse.config import MonitorConfig
+from celerity_jax.configs import RunConfigs, TrainConfig
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
-from celerity_jax.train.config import RunConfigs, TrainConfig
 
 # (RunConfigs field, config class).
 CONFIGS = (

@@ -10,15 +10,14 @@ import json
 import os
 import time
 
-from celerity_jax import gin_config, recipe, rundir
+from celerity_jax import gin_config, rundir
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.collapse.files import load_curve
+from celerity_jax.configs import RunConfigs, RunDefinition
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
+from celerity_jax.recipe import Plan
 from celerity_jax.rundir.identity import Identity
-from celerity_jax.train.config import RunConfigs
-
-TIMING_JSON = rundir.TIMING_JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +31,19 @@ class RunSpec:
 @dataclasses.dataclass(frozen=True)
 class Run:
     spec: RunSpec
-    configs: RunConfigs
-    plan: recipe.Plan
-    identity: Identity
-    operative_gin: str
+    definition: RunDefinition
+
+    @property
+    def configs(self) -> RunConfigs:
+        return self.definition.configs
+
+    @property
+    def plan(self) -> Plan:
+        return self.definition.plan
+
+    @property
+    def identity(self) -> Identity:
+        return self.definition.identity
 
     @property
     def workdir(self) -> str:
@@ -48,7 +56,7 @@ class Run:
     @property
     def last_step(self) -> int:
         """Where training stops: the plan's end, or TrainConfig.stop_at_step when that comes first."""
-        return min(self.plan.steps, self.configs.train.stop_at_step or self.plan.steps)
+        return self.definition.last_step
 
     @property
     def controls(self) -> Controls:
@@ -86,20 +94,17 @@ class Run:
             return None
         if self.spec.name:
             log(f"\n== {self.spec.name}: steps {done} -> {until} of {self.plan.steps}")
-        configs = self.configs
-        if until < self.last_step:
-            configs = dataclasses.replace(configs, train=dataclasses.replace(configs.train, stop_at_step=until))
+        definition = self.definition.stopping_at(until) if until < self.last_step else self.definition
         if train_fn is None:
             from celerity_jax.train.loop import train as train_fn
         start = time.time()
-        summary = train_fn(configs, self.workdir, operative_config=self.operative_gin, force_new=archive,
-                           verbose=verbose, log=log)
+        summary = train_fn(definition, self.workdir, force_new=archive, verbose=verbose, log=log)
         self._add_seconds(time.time() - start)
         return summary
 
     def train_seconds(self) -> float:
         """Wall-clock seconds spent in `train_to` on this run so far (compilation included)."""
-        path = os.path.join(self.workdir, TIMING_JSON)
+        path = os.path.join(self.workdir, rundir.TIMING_JSON)
         if not os.path.isfile(path):
             return 0.0
         with open(path) as f:
@@ -109,7 +114,7 @@ class Run:
         import jax
 
         if jax.process_index() == 0 and os.path.isdir(self.workdir):
-            write_json_atomic(os.path.join(self.workdir, TIMING_JSON),
+            write_json_atomic(os.path.join(self.workdir, rundir.TIMING_JSON),
                               {"train_seconds": self.train_seconds() + seconds})
 
 
@@ -129,5 +134,4 @@ def _as_process_zero_sees_it(steps_done: int) -> int:
 def load(spec: RunSpec) -> Run:
     """Parses the run's gin files and bindings (once) and derives its plan and identity."""
     configs = gin_config.parse_gin(spec.gin_files, spec.gin_params)
-    plan = recipe.make_plan(configs.model, configs.recipe)
-    return Run(spec, configs, plan, Identity.of(configs, plan), gin_config.operative_config_str())
+    return Run(spec, RunDefinition.of(configs, gin_config.operative_config_str()))

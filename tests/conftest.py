@@ -52,6 +52,14 @@ def tiny_configs():
 
 
 @pytest.fixture(scope="session")
+def tiny_run(tiny_configs):
+    """(*bindings) -> the RunDefinition of the tiny run with those gin bindings, as `train.loop.train` takes it."""
+    from celerity_jax.configs import RunDefinition
+
+    return lambda *bindings: RunDefinition.of(tiny_configs(*bindings))
+
+
+@pytest.fixture(scope="session")
 def tpu_slice() -> str:
     """The slice the compile tests compile for on this CPU host: libtpu compiles without a TPU."""
     pytest.importorskip("libtpu", reason="libtpu (extra 'tpu', installed by `make test`) is absent")
@@ -120,21 +128,19 @@ class FakeTrainer:
         self.loss = loss or (lambda plan, step_T: 3.0 - step_T / plan.steps)
         self.calls = []
 
-    def __call__(self, configs, workdir, operative_config="", force_new=False, verbose=False, log=print):
+    def __call__(self, run, workdir, force_new=False, verbose=False, log=print):
         import numpy as np
 
-        from celerity_jax import recipe
         from celerity_jax import rundir
-        from celerity_jax.rundir.identity import Identity
 
-        plan = recipe.make_plan(configs.model, configs.recipe)
+        plan, configs = run.plan, run.configs
         self.calls.append({"workdir": workdir, "stop_at_step": configs.train.stop_at_step, "force_new": force_new,
-                           "operative_config": operative_config})
+                           "operative_config": run.operative_gin})
         if force_new:
             rundir.archive_workdir(workdir, log)
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, rundir.RUN_JSON), "w") as f:
-            f.write(json.dumps(Identity.of(configs, plan).record))
+            f.write(json.dumps(run.identity.record))
         with open(os.path.join(workdir, rundir.PLAN_JSON), "w") as f:
             f.write(plan.to_json())
         path = os.path.join(workdir, rundir.CURVE_CSV)
@@ -145,7 +151,7 @@ class FakeTrainer:
         else:
             with open(path, "w") as f:
                 f.write("step,tokens,frac,loss\n")
-        end = min(plan.steps, configs.train.stop_at_step or plan.steps)
+        end = run.last_step
         step_T = np.arange(start + 1, end + 1)
         with open(path, "a") as f:
             f.writelines(f"{s},{s * plan.batch_tokens},{float(s / plan.steps)!r},{float(v)!r}\n"

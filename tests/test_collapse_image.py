@@ -27,7 +27,8 @@ def test_figure_is_a_png_with_and_without_a_prediction():
         assert width > 100 and height > 100
 
 
-def test_training_with_a_reference_writes_the_figure_at_each_5_percent_and_the_last_step(tmp_path, tiny_configs):
+def test_training_with_a_reference_writes_the_figure_at_each_5_percent_and_the_last_step(tmp_path, tiny_configs,
+                                                                                         tiny_run):
     from tensorboard.backend.event_processing import event_accumulator
 
     from celerity_jax import recipe
@@ -42,8 +43,8 @@ def test_training_with_a_reference_writes_the_figure_at_each_5_percent_and_the_l
     files.save_reference(ref, str(tmp_path / "ref.json"))
     workdir = str(tmp_path / "run")
     last_step = plan.steps // 2 + 5  # past t̂ = 0.3, where predictions start; not on a 5% boundary
-    loop.train(tiny_configs(f"TrainConfig.stop_at_step = {last_step}",
-                            f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
+    loop.train(tiny_run(f"TrainConfig.stop_at_step = {last_step}",
+                        f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
                workdir, log=lambda _: None)
 
     events = event_accumulator.EventAccumulator(workdir, size_guidance={event_accumulator.IMAGES: 0,
@@ -88,6 +89,7 @@ def test_a_resumed_run_draws_the_figure_from_the_next_boundary_and_only_process_
 
     from celerity_jax.collapse import monitor
     from celerity_jax.collapse.config import MonitorConfig
+    from celerity_jax.configs import TrainConfig
     from celerity_jax.train import log_step
     from celerity_jax.train.progress import Progress
 
@@ -96,12 +98,12 @@ def test_a_resumed_run_draws_the_figure_from_the_next_boundary_and_only_process_
     monkeypatch.setattr(image, "collapse_figure", lambda *args: drawn_at.append(args[3]) or draw(*args))
     cfg = MonitorConfig(n_bins=50, smooth_bins=3)
     plan = types.SimpleNamespace(steps=100, batch_tokens=8, flops_per_token=1.0)
+    run = types.SimpleNamespace(plan=plan, configs=types.SimpleNamespace(monitor=cfg, train=TrainConfig(loss_ema=0.9)))
     state = types.SimpleNamespace(monitor=monitor.monitor_init(cfg))
     chief = _ImageLog()
-    for log in (chief, None):
-        step_log = log_step.StepLog(plan, cfg, tb=log, curve=log, progress=Progress(100, 42, quiet=True),
-                                    loss_ema_decay=0.9, peak=0.0, start_step=42,
-                                    reference_G=jnp.linspace(2.0, 1.0, cfg.n_bins))
+    for writers in (log_step.Writers(chief, chief), None):
+        step_log = log_step.StepLog(run, writers, Progress(100, 42, quiet=True), 42,
+                                    log_step.Measures(reference_G=jnp.linspace(2.0, 1.0, cfg.n_bins)))
         for step in range(48, 73, 6):
             step_log.record(step, state, {}, [jnp.float32(2.0)], last=step == 72)
     # boundaries at steps 45, 50, ..., 70: the first log step at or past 45 (48), 50 (54), 55 and 60 (60),

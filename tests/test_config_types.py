@@ -5,11 +5,11 @@ import pytest
 
 from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.config_types import check_field_types
+from celerity_jax.configs import TrainConfig
 from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.recipe import RecipeConfig
-from celerity_jax.train.config import TrainConfig
 
 
 @pytest.mark.parametrize("cls, fields, message", [

@@ -169,11 +169,12 @@ def test_vocab_check():  # the sequence length is checked by recipe.make_plan (t
 
 def test_a_celerity_config_on_the_built_in_corpus_is_told_what_corpus_it_needs(repo_root, tmp_path):
     from celerity_jax import gin_config
+    from celerity_jax.configs import RunDefinition
     from celerity_jax.train import loop
 
     configs = gin_config.parse_gin([os.path.join(repo_root, "experiments/celerity/300m_20tpp.gin")])
     with pytest.raises(ConfigError) as raised:
-        loop.train(configs, str(tmp_path / "run"), log=lambda _: None)
+        loop.train(RunDefinition.of(configs), str(tmp_path / "run"), log=lambda _: None)
     message = str(raised.value)
     assert message.startswith("ModelConfig.vocab_size=128,256 is made for another tokenizer than the data's ('byte' "
                               "tokenizer of the built-in corpus: 257 token ids)")

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from celerity_jax import run
+from celerity_jax import run, rundir
 from celerity_jax.errors import ConfigError
 
 STOP_AT_5 = "TrainConfig.stop_at_step = 5"
@@ -91,4 +91,4 @@ def test_steps_done_and_finished_refuse_a_workdir_holding_another_run(tmp_path, 
     other.train_to(train_fn=trainer, force_new=True)
     assert trainer.calls[-1]["force_new"] and other.finished()
     (archived,) = [d for d in os.listdir(workdir) if d.startswith("archived-")]
-    assert os.path.isfile(os.path.join(workdir, archived, run.TIMING_JSON))  # the old run's time went with it
+    assert os.path.isfile(os.path.join(workdir, archived, rundir.TIMING_JSON))  # the old run's time went with it

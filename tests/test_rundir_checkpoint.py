@@ -37,13 +37,13 @@ def _largest_state_file(step_dir) -> str:
     return max(files, key=os.path.getsize)
 
 
-def _resume(tiny_configs, workdir, messages, stop_at=25):
-    return loop.train(tiny_configs(f"TrainConfig.stop_at_step = {stop_at}"), workdir, log=messages.append)
+def _resume(tiny_run, workdir, messages, stop_at=25):
+    return loop.train(tiny_run(f"TrainConfig.stop_at_step = {stop_at}"), workdir, log=messages.append)
 
 
-def test_bit_rot_is_detected_and_the_checkpoint_moved_aside(tmp_path, tiny_configs):
+def test_bit_rot_is_detected_and_the_checkpoint_moved_aside(tmp_path, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     path = _largest_state_file(os.path.join(workdir, "checkpoints", "20"))
     with open(path, "r+b") as f:
         data = bytearray(f.read())
@@ -52,35 +52,35 @@ def test_bit_rot_is_detected_and_the_checkpoint_moved_aside(tmp_path, tiny_confi
         f.seek(0)
         f.write(bytes(data))
     messages = []
-    summary = _resume(tiny_configs, workdir, messages)
+    summary = _resume(tiny_run, workdir, messages)
     assert summary["start_step"] == 10
     assert any("step 20 is unreadable or corrupt" in m and "checksum" in m for m in messages), messages
     assert [n for n in os.listdir(workdir) if n.startswith("corrupt-checkpoint-20")]
 
 
-def test_a_garbled_data_iterator_state_falls_back(tmp_path, tiny_configs):
+def test_a_garbled_data_iterator_state_falls_back(tmp_path, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     with open(os.path.join(workdir, "checkpoints", "20", "data", "metadata"), "w") as f:
         json.dump({"next_batch": "garbage"}, f)
     messages = []
-    assert _resume(tiny_configs, workdir, messages)["start_step"] == 10
+    assert _resume(tiny_run, workdir, messages)["start_step"] == 10
     assert any("data-iterator state does not match its checksum" in m for m in messages), messages
 
 
 @pytest.mark.slow  # 14 s
-def test_a_checkpoint_of_another_run_is_refused(tmp_path, tiny_configs):
+def test_a_checkpoint_of_another_run_is_refused(tmp_path, tiny_run):
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 10"), ours, log=lambda _: None)
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20", "RecipeConfig.base_lr = 0.1"), theirs,
+    loop.train(tiny_run("TrainConfig.stop_at_step = 10"), ours, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20", "RecipeConfig.base_lr = 0.1"), theirs,
                log=lambda _: None)
     os.rename(os.path.join(theirs, "checkpoints", "20"), os.path.join(ours, "checkpoints", "20"))
     with pytest.raises(ConfigError, match="step 20 .* was written by another run"):
-        _resume(tiny_configs, ours, [])
+        _resume(tiny_run, ours, [])
 
 
-def test_a_failed_save_stops_the_run_at_once_naming_the_last_good_checkpoint(tmp_path, monkeypatch, tiny_configs,
-                                                                             curve_losses):
+def test_a_failed_save_stops_the_run_at_once_naming_the_last_good_checkpoint(tmp_path, monkeypatch, curve_losses,
+                                                                             tiny_run):
     workdir = str(tmp_path / "run")
     real_save = json_checkpoint_handler.JsonCheckpointHandler._save_fn
 
@@ -91,12 +91,12 @@ def test_a_failed_save_stops_the_run_at_once_naming_the_last_good_checkpoint(tmp
 
     monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full_from_step_20)
     with pytest.raises(checkpoint.CheckpointSaveError) as e:
-        loop.train(tiny_configs("TrainConfig.stop_at_step = 40"), workdir, log=lambda _: None)
+        loop.train(tiny_run("TrainConfig.stop_at_step = 40"), workdir, log=lambda _: None)
     message = str(e.value)
     assert "\n" not in message
     assert "step 20" in message and "No space left on device" in message, message
     assert "the last good checkpoint is step 10" in message and "free" in message, message
     assert max(curve_losses(workdir)) < 30  # stopped before the next checkpoint was due
     monkeypatch.undo()
-    summary = loop.train(tiny_configs("TrainConfig.stop_at_step = 40"), workdir, log=lambda _: None)
+    summary = loop.train(tiny_run("TrainConfig.stop_at_step = 40"), workdir, log=lambda _: None)
     assert summary["start_step"] == 10 and summary["final_step"] == 40

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from celerity_jax import recipe, run
+from celerity_jax import recipe, rundir
 from celerity_jax.errors import ConfigError
 from celerity_jax.sweep import report, runner, spec
 
@@ -64,7 +64,7 @@ def test_full_sweep_predicts_the_true_ranking_with_no_regret(tmp_path, fake_trai
     labels = [f"tau_{v}/{size}" for v in TAUS for size in ("d48", "d64")] + [f"tau_{v}/d80" for v in TAUS]
     assert sorted(summary["seconds"]) == sorted(labels)
     for label in labels:
-        with open(workdir / label / run.TIMING_JSON) as f:
+        with open(workdir / label / rundir.TIMING_JSON) as f:
             assert summary["seconds"][label] == json.load(f)["train_seconds"] > 0
     assert [s["seconds"] for s in summary["settings"]] == [summary["seconds"][f"tau_{v}/d80"] for v in TAUS]
     assert summary["reference_seconds"] == pytest.approx(sum(summary["seconds"][x] for x in labels[:6]))

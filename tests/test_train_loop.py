@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from celerity_jax.configs import RunDefinition
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import transformer
 from celerity_jax.train import loop
@@ -19,7 +20,7 @@ from celerity_jax.train import loop
 def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, tiny_configs, curve_losses):
     workdir = str(tmp_path / "run")
     configs = tiny_configs("TrainConfig.stop_at_step = 20", "TrainConfig.eval_points = 10")
-    summary = loop.train(configs, workdir, operative_config="# op\n", log=lambda _: None)
+    summary = loop.train(RunDefinition.of(configs, "# op\n"), workdir, log=lambda _: None)
     assert summary["final_step"] == 20 and summary["stopped"] == "stop_at_step"
     names = set(os.listdir(workdir))
     assert {"config.gin", "plan.json", "run.json", "curve.csv", "checkpoints"} <= names
@@ -50,15 +51,15 @@ def test_run_directory_holds_config_plan_events_curve_and_checkpoints(tmp_path, 
     assert events.Tags()["images"] == []  # the collapse figure needs a reference
 
 
-def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path, tiny_configs):
+def test_workdir_with_another_run_is_refused_then_archived_with_force_new(tmp_path, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
     before = sorted(os.listdir(workdir))
     with pytest.raises(ConfigError, match="ModelConfig|model.d_model|different run"):
-        loop.train(tiny_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4",
+        loop.train(tiny_run("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4",
                             "TrainConfig.stop_at_step = 5"), workdir, log=lambda _: None)
     assert sorted(os.listdir(workdir)) == before
-    loop.train(tiny_configs("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4", "TrainConfig.stop_at_step = 5"),
+    loop.train(tiny_run("ModelConfig.d_model = 64", "ModelConfig.n_heads = 4", "TrainConfig.stop_at_step = 5"),
                workdir, force_new=True, log=lambda _: None)
     archived = [n for n in os.listdir(workdir) if n.startswith("archived-")]
     assert len(archived) == 1
@@ -79,14 +80,14 @@ def _nan_when_first_target_even(monkeypatch):
     monkeypatch.setattr(transformer, "next_token_loss", faulty)
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_configs):
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
     ckpt = os.path.join(workdir, "checkpoints")
     before = sorted(os.listdir(ckpt))
     _nan_when_first_target_even(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match=r"not finite at step 1\d") as err:
-        loop.train(tiny_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_run(), workdir, log=lambda _: None)
     assert "last good checkpoint (step 10) is untouched" in str(err.value)
     assert sorted(os.listdir(ckpt)) == before
 
@@ -102,20 +103,20 @@ def _always_nan(monkeypatch):
 
 
 @pytest.mark.slow  # 9 s
-def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch, tiny_configs):
+def test_nan_loss_from_the_first_step_after_a_restore_blames_the_checkpoint(tmp_path, monkeypatch, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 10"), workdir, log=lambda _: None)
     _always_nan(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match="since resuming from the checkpoint at step 10 .* may be "
                                                     "corrupt") as err:
-        loop.train(tiny_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_run(), workdir, log=lambda _: None)
     assert "Lower the LR" not in str(err.value)
 
 
-def test_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch, tiny_configs):
+def test_nan_loss_before_any_checkpoint_says_so(tmp_path, monkeypatch, tiny_run):
     _always_nan(monkeypatch)
     with pytest.raises(loop.TrainingDiverged, match="no checkpoint had been saved") as err:
-        loop.train(tiny_configs(), str(tmp_path / "run"), log=lambda _: None)
+        loop.train(tiny_run(), str(tmp_path / "run"), log=lambda _: None)
     assert "None" not in str(err.value)
 
 
@@ -126,12 +127,12 @@ def _scalar_at(workdir, tag, step):
     return next(e.value for e in events.Scalars(tag) if e.step == step)
 
 
-def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monkeypatch, tiny_configs, curve_losses):
+def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monkeypatch, curve_losses, tiny_run):
     clean = str(tmp_path / "clean")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), clean, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20"), clean, log=lambda _: None)
     _nan_when_first_target_even(monkeypatch)
     workdir = str(tmp_path / "run")
-    summary = loop.train(tiny_configs("TrainConfig.max_bad_steps = 1000", "TrainConfig.stop_at_step = 20"),
+    summary = loop.train(tiny_run("TrainConfig.max_bad_steps = 1000", "TrainConfig.stop_at_step = 20"),
                          workdir, log=lambda _: None)
     assert summary["final_step"] == 20
     losses = curve_losses(workdir)  # skipped steps have no row in curve.csv
@@ -178,16 +179,16 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path, curve_losses, cel
     assert (workdir / "checkpoints" / str(step)).exists()
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path, tiny_configs):
+def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     latest = os.path.join(workdir, "checkpoints", "20", "state")
     for dirpath, _, files in os.walk(latest):
         for name in files:
             with open(os.path.join(dirpath, name), "r+b") as f:
                 f.truncate(0)
     messages = []
-    summary = loop.train(tiny_configs("TrainConfig.stop_at_step = 15"), workdir, log=messages.append)
+    summary = loop.train(tiny_run("TrainConfig.stop_at_step = 15"), workdir, log=messages.append)
     assert summary["start_step"] == 10 and summary["final_step"] == 15
     assert any("checkpoint at step 20 is unreadable" in m and "nothing deleted" in m for m in messages)
     moved = [n for n in os.listdir(workdir) if n.startswith("corrupt-checkpoint-20")]
@@ -195,16 +196,16 @@ def test_corrupt_latest_checkpoint_falls_back_and_deletes_nothing(tmp_path, tiny
 
 
 @pytest.mark.slow  # 17 s
-def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path, tiny_configs, curve_losses):
+def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path, curve_losses, tiny_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from celerity_jax.collapse import files, reference
 
-    loop.train(tiny_configs(), str(tmp_path / "ref_run"), log=lambda _: None)
+    loop.train(tiny_run(), str(tmp_path / "ref_run"), log=lambda _: None)
     ref = reference.reference_from_curves([files.load_curve(str(tmp_path / "ref_run"))], n_bins=50, smooth_bins=3)
     files.save_reference(ref, str(tmp_path / "ref.json"))
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
+    loop.train(tiny_run("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)"),
                workdir, log=lambda _: None)
     events = EventAccumulator(workdir)
     events.Reload()
@@ -223,9 +224,9 @@ def test_in_loop_monitor_logs_collapse_metrics_against_a_reference(tmp_path, tin
     (("ModelConfig.vocab_size = 200",), "vocab"),
     (("TrainConfig.microbatches = 3",), "microbatches"),
 ])
-def test_config_errors_stop_before_anything_is_written(tmp_path, params, match, tiny_configs):
+def test_config_errors_stop_before_anything_is_written(tmp_path, params, match, tiny_run):
     with pytest.raises(ConfigError, match=match):
-        loop.train(tiny_configs(*params), str(tmp_path / "run"), log=lambda _: None)
+        loop.train(tiny_run(*params), str(tmp_path / "run"), log=lambda _: None)
     assert not (tmp_path / "run").exists()
 
 
@@ -233,43 +234,43 @@ def test_config_errors_stop_before_anything_is_written(tmp_path, params, match, 
     ("gs://bucket/run", ()),
     ("run", ('TrainConfig.init_from = "gs://bucket/other"',)),
 ])
-def test_url_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch, workdir, params, tiny_configs):
+def test_url_paths_are_refused_before_anything_is_written(tmp_path, monkeypatch, workdir, params, tiny_run):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="URL.*mount"):
-        loop.train(tiny_configs(*params), workdir, log=lambda _: None)
+        loop.train(tiny_run(*params), workdir, log=lambda _: None)
     assert os.listdir(tmp_path) == []
 
 
-def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path, tiny_configs):
+def test_no_restorable_checkpoint_stops_and_moves_nothing(tmp_path, tiny_run):
     workdir = str(tmp_path / "run")
-    loop.train(tiny_configs("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
+    loop.train(tiny_run("TrainConfig.stop_at_step = 20"), workdir, log=lambda _: None)
     for dirpath, _, files in os.walk(os.path.join(workdir, "checkpoints")):
         for name in files:
             if "state" in dirpath:
                 os.truncate(os.path.join(dirpath, name), 0)
     before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
     with pytest.raises(ConfigError, match="none of the checkpoints .* could be restored"):
-        loop.train(tiny_configs(), workdir, log=lambda _: None)
+        loop.train(tiny_run(), workdir, log=lambda _: None)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
     assert not [n for n in os.listdir(workdir) if n.startswith("corrupt-")]
 
 
 @pytest.mark.slow  # 20 s
-def test_in_loop_monitor_can_follow_the_eval_curve(tmp_path, tiny_configs):
+def test_in_loop_monitor_can_follow_the_eval_curve(tmp_path, tiny_configs, tiny_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from celerity_jax.collapse import config, curves, files, monitor, reference
 
     evals = ("TrainConfig.eval_points = 10", "TrainConfig.eval_every = 0", "MonitorConfig.loss_curve = 'eval'",
              "MonitorConfig.n_bins = 10", "MonitorConfig.smooth_bins = 1", "MonitorConfig.alert_m = 2")
-    loop.train(tiny_configs(*evals[:2]), str(tmp_path / "ref_run"), log=lambda _: None)
+    loop.train(tiny_run(*evals[:2]), str(tmp_path / "ref_run"), log=lambda _: None)
     ref = reference.reference_from_curves([files.load_curve(str(tmp_path / "ref_run"), loss="eval")], n_bins=10,
                                           smooth_bins=1)
     files.save_reference(ref, str(tmp_path / "ref.json"))
     workdir = str(tmp_path / "run")
     configs = tiny_configs("TrainConfig.seed = 1", f"TrainConfig.collapse_reference = ('{tmp_path / 'ref.json'}',)",
                            *evals)
-    loop.train(configs, workdir, log=lambda _: None)
+    loop.train(RunDefinition.of(configs), workdir, log=lambda _: None)
 
     events = EventAccumulator(workdir)
     events.Reload()

@@ -33,10 +33,10 @@ def test_train_refuses_a_step_that_does_not_fit(tmp_path, tiny_configs, tpu_slic
         compile_train_step(build, plan, run.train, run.model)
 
 
-def test_train_refuses_before_writing_anything(tmp_path, monkeypatch, tiny_configs):
+def test_train_refuses_before_writing_anything(tmp_path, monkeypatch, tiny_run):
     def refuse(*_):
         raise ConfigError("the train step does not fit")
     monkeypatch.setattr(setup, "compile_train_step", refuse)
     with pytest.raises(ConfigError, match="does not fit"):
-        loop.train(tiny_configs(), str(tmp_path / "run"), log=lambda _: None)
+        loop.train(tiny_run(), str(tmp_path / "run"), log=lambda _: None)
     assert not os.path.exists(tmp_path / "run")

@@ -18,8 +18,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one(tmp_path, tiny_configs, curve_losses, tiny_gin, repo_root):
-    loop.train(tiny_configs(*STEPS), str(tmp_path / "one"), log=lambda _: None)
+def test_two_processes_match_one(tmp_path, curve_losses, tiny_gin, repo_root, tiny_run):
+    loop.train(tiny_run(*STEPS), str(tmp_path / "one"), log=lambda _: None)
     port = _free_port()
     cmd = [sys.executable, "-m", "celerity_jax.cli", "train", "--workdir", str(tmp_path / "two"),
            "--coordinator-address", f"localhost:{port}", "--num-processes", "2"]
@@ -75,9 +75,9 @@ def _lose_at_step_15(procs: list[subprocess.Popen], lost: int) -> tuple[subproce
     return survivor, err, seconds
 
 
-def test_a_lost_process_stops_the_other_in_seconds_with_one_line_and_a_rerun_resumes(tmp_path, tiny_configs,
-                                                                                    curve_losses, tiny_gin, repo_root):
-    loop.train(tiny_configs(*LOST_STEPS), str(tmp_path / "one"), log=lambda _: None)
+def test_a_lost_process_stops_the_other_in_seconds_with_one_line_and_a_rerun_resumes(tmp_path, curve_losses, tiny_gin,
+                                                                                     repo_root, tiny_run):
+    loop.train(tiny_run(*LOST_STEPS), str(tmp_path / "one"), log=lambda _: None)
     survivor, err, seconds = _lose_at_step_15(_start_two(tmp_path / "two", tiny_gin, repo_root), lost=1)
     assert survivor.returncode == 5 and seconds < 30
     assert err[-1].startswith("celerity train: process 1 of this run sent no heartbeat for 3 s, so process 0 "

@@ -14,9 +14,9 @@ STEPS = ("TrainConfig.stop_at_step = 20", "TrainConfig.eval_every = 0", "TrainCo
 
 
 @pytest.fixture(scope="module")
-def one_device_losses(tmp_path_factory, tiny_configs, curve_losses):
+def one_device_losses(tmp_path_factory, curve_losses, tiny_run):
     workdir = tmp_path_factory.mktemp("one")
-    loop.train(tiny_configs(*STEPS), str(workdir), log=lambda _: None)
+    loop.train(tiny_run(*STEPS), str(workdir), log=lambda _: None)
     return curve_losses(workdir)
 
 
@@ -25,10 +25,11 @@ def test_sharded_losses_match_one_device(mesh, one_device_losses, tmp_path, curv
     code = textwrap.dedent(f"""
         import jax
         from celerity_jax import gin_config
+        from celerity_jax.configs import RunDefinition
         from celerity_jax.train import loop
         assert jax.device_count() == 8
         configs = gin_config.parse_gin({tiny_gin!r}, {list(STEPS)!r} + ["TrainConfig.mesh_shape = {mesh}"])
-        loop.train(configs, {str(tmp_path)!r}, log=lambda _: None)
+        loop.train(RunDefinition.of(configs), {str(tmp_path)!r}, log=lambda _: None)
     """)
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")

@@ -56,10 +56,11 @@ def monitor_metrics(state: dict[str, jax.Array], reference_G: jax.Array,
     recent_G = (bins_G > j - cfg.alert_m) & (bins_G <= j)
     exceed_G = jnp.abs(r_G) > cfg.alert_k * sigma_G
     alert = ready & (j >= cfg.alert_m - 1) & jnp.all(exceed_G | ~recent_G)
-    values = (normalized_G[j], r_G[j], sigma_G[j], align.final, align.final_err)
-    metrics = {name: jnp.where(ready, v, jnp.nan) for name, v in zip(METRICS, values)}
-    metrics["collapse/alert"] = alert.astype(jnp.float32)
-    return metrics
+    predicted = {"collapse/normalized_loss": normalized_G[j], "collapse/residual": r_G[j],
+                 "collapse/residual_sigma": sigma_G[j], "collapse/pred_final_loss": align.final,
+                 "collapse/pred_final_loss_err": align.final_err}
+    return {**{name: jnp.where(ready, v, jnp.nan) for name, v in predicted.items()},
+            "collapse/alert": alert.astype(jnp.float32)}
 
 
 @functools.partial(jax.jit, static_argnames="cfg")

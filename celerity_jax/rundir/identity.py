@@ -24,9 +24,10 @@ class Identity:
     def of(cls, configs, plan) -> "Identity":
         """The identity of a run with these configs (a RunConfigs) and this plan."""
         sections = {name: getattr(configs, name) for name in SECTIONS}
+        defaults = {name: {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
+                    for name, c in sections.items()}
         return cls(_json({**{name: dataclasses.asdict(c) for name, c in sections.items()}, "plan": plan.to_dict()}),
-                   _json({name: {f.name: f.default for f in dataclasses.fields(c) if f.default is not dataclasses.MISSING}
-                          for name, c in sections.items()}))
+                   _json(defaults))
 
     def completed(self, previous: dict) -> dict:
         """`previous` (an identity read back) with each config field it lacks that this identity holds at the

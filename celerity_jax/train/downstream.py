@@ -7,8 +7,8 @@ downstream/step_<S>.json and TensorBoard `downstream/<task>/<metric>`.
 import dataclasses
 from collections.abc import Callable
 
+from celerity_jax.configs import RunDefinition, TrainConfig
 from celerity_jax.data.tokenizer import load_tokenizer
-from celerity_jax.train.config import RunConfigs, TrainConfig
 
 
 def downstream_steps(train_cfg: TrainConfig, total_steps: int) -> frozenset[int]:
@@ -45,7 +45,7 @@ class Downstream:
         return harness.run_tasks(lm, self.tasks, self.limit)
 
 
-def make_downstream(checked: Downstream | None, configs: RunConfigs, plan, mesh, workdir: str,
+def make_downstream(checked: Downstream | None, run: RunDefinition, mesh, workdir: str,
                     is_chief: bool) -> Callable | None:
     """(step, params) -> the TensorBoard scalars of the run's downstream scores at `step` (`checked`: the run's
     tasks, or None), also written to downstream/step_<S>.json on process 0 (other processes score too, and write
@@ -55,10 +55,10 @@ def make_downstream(checked: Downstream | None, configs: RunConfigs, plan, mesh,
     from celerity_jax.evaluate import results
 
     def score(step: int, params) -> dict[str, float]:
-        scores = checked.score(configs.model, configs.data, params, mesh)
+        scores = checked.score(run.configs.model, run.configs.data, params, mesh)
         if not is_chief:
             return {}
-        content = results.record(workdir, step, plan.to_dict(), scores, write_tensorboard=False)
+        content = results.record(workdir, step, run.plan.to_dict(), scores, write_tensorboard=False)
         return results.scalars(content, scores)
 
     return score

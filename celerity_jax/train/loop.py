@@ -10,11 +10,11 @@ from typing import NamedTuple
 
 import jax
 
+from celerity_jax.configs import RunDefinition
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 from celerity_jax.train import interrupts, logfile, setup
 from celerity_jax.train.downstream import downstream_steps
-from celerity_jax.train.config import RunConfigs
-from celerity_jax.train.log_step import StepLog, peak_flops
+from celerity_jax.train.log_step import StepLog
 from celerity_jax.train.progress import Progress
 
 
@@ -30,23 +30,22 @@ class TrainingDiverged(RunStopped):
     exit_code = 3
 
 
-def train(configs: RunConfigs, workdir: str, *, operative_config: str = "", force_new: bool = False,
-          verbose: bool = False, log=print) -> dict:
-    """Trains (or resumes) the run in `workdir`; returns a summary dict.
+def train(run: RunDefinition, workdir: str, *, force_new: bool = False, verbose: bool = False, log=print) -> dict:
+    """Trains (or resumes) `run` in `workdir`; returns a summary dict.
 
     Process 0 holds the workdir's run lock throughout and sends library output to its log file (see lock.py,
     logfile.py); Ctrl-C stops at the next safe point (see interrupts.py). `force_new` archives an earlier run
     found in the workdir, whatever it is."""
     is_chief = jax.process_index() == 0  # only process 0 writes files and prints
+    where = setup.Workdir(workdir, is_chief, log if is_chief else lambda _: None)
     with interrupts.handled():
-        plan, mesh, downstream_tasks = setup.check_run(configs, workdir)
-        with setup.locked_workdir(workdir, is_chief, log), _library_output(workdir, is_chief, verbose):
-            with setup.prepare(configs, plan, mesh, workdir, operative_config=operative_config, force_new=force_new,
-                               is_chief=is_chief, log=log if is_chief else lambda _: None,
-                               downstream_tasks=downstream_tasks) as trainer:
+        mesh, downstream_tasks = setup.check_run(run, workdir)
+        with setup.locked_workdir(where), _library_output(workdir, is_chief, verbose):
+            with setup.prepare(run, mesh, where, force_new=force_new, downstream_tasks=downstream_tasks) as trainer:
                 end = run_loop(trainer)
-    return {"workdir": workdir, "start_step": trainer.start_step, "steps": plan.steps, "stopped": end.stopped,
-            **({"init_from": trainer.init_from} if trainer.init_from else {}),
+    start = trainer.start
+    return {"workdir": workdir, "start_step": start.step, "steps": run.plan.steps, "stopped": end.stopped,
+            **({"init_from": start.init_from} if start.init_from else {}),
             "final_step": end.final_step, "skipped_steps": end.skipped_steps}
 
 
@@ -75,22 +74,18 @@ class LoopEnd(NamedTuple):
 
 
 def run_loop(t: setup.Trainer) -> LoopEnd:
-    """Steps from `t.start_step` until the last step or a collapse alert (with stop_on_alert). Ctrl-C raises
+    """Steps from `t.start.step` until the last step or a collapse alert (with stop_on_alert). Ctrl-C raises
     Interrupted after saving a checkpoint; too many non-finite losses raise TrainingDiverged."""
-    plan, train_cfg = t.plan, t.train_cfg
-    last_step = min(plan.steps, train_cfg.stop_at_step or plan.steps)
-    progress = Progress(plan.steps, t.start_step, quiet=not t.is_chief)
-    step_log = StepLog(plan, t.monitor_cfg, tb=t.tb, curve=t.curve, eval_curve=t.eval_curve, progress=progress,
-                       loss_ema_decay=train_cfg.loss_ema, peak=peak_flops(train_cfg.peak_flops_per_sec),
-                       start_step=t.start_step, reference_G=t.reference_G, eval_step=t.eval_step,
-                       eval_batches=t.eval_batches, downstream=t.downstream)
-    state, step, pending, stopped = t.state, t.start_step, [], StopReason.FINISHED
+    plan, train_cfg, monitor_cfg, last_step = t.run.plan, t.run.configs.train, t.run.configs.monitor, t.run.last_step
+    progress = Progress(plan.steps, t.start.step, quiet=not t.workdir.is_chief)
+    step_log = StepLog(t.run, t.writers, progress, t.start.step, t.measures)
+    state, step, pending, stopped = t.start.state, t.start.step, [], StopReason.FINISHED
     eval_steps = train_cfg.eval_steps(plan.steps)
     scored_steps = downstream_steps(train_cfg, plan.steps)
     bad_at_start = int(jax.device_get(state.bad_steps))
     try:
         while step < last_step and stopped is StopReason.FINISHED:
-            state, metrics = t.train_step(state, t.next_batch())
+            state, metrics = t.train_step(state, t.batches.next())
             step += 1
             pending.append(metrics["train/loss"])
             t.checkpointer.check_for_errors()
@@ -108,11 +103,11 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
             values = step_log.record(step, state, metrics, pending, eval_loss=eval_loss, last=step == last_step)
             pending = []
             if values.get("collapse/alert", 0.0) > 0:
-                _report_alert(progress, t.monitor_cfg, step, plan.steps, values["collapse/residual"])
-                if t.monitor_cfg.stop_on_alert:
+                _report_alert(progress, monitor_cfg, step, plan.steps, values["collapse/residual"])
+                if monitor_cfg.stop_on_alert:
                     stopped = StopReason.COLLAPSE_ALERT
             if is_checkpoint or stopped is StopReason.COLLAPSE_ALERT:
-                t.checkpointer.save(step, state, t.data_it.get_state())
+                t.checkpointer.save(step, state, t.batches.iterator.get_state())
             if interrupted:
                 t.checkpointer.wait_until_saved()
                 raise interrupts.Interrupted(f"interrupted: saved a checkpoint at step {step}; rerun the same "
@@ -138,15 +133,17 @@ def bad_step_counts(state) -> tuple[int, int]:
 def _raise_if_diverged(t: setup.Trainer, state, bad_at_start: int, step: int) -> None:
     """Stops without saving once more losses were non-finite (their updates skipped) than max_bad_steps allows."""
     bad, first_bad = bad_step_counts(state)
-    if bad <= t.train_cfg.max_bad_steps:
+    max_bad = t.run.configs.train.max_bad_steps
+    if bad <= max_bad:
         return
     where = f"the loss was not finite at step {first_bad} ({bad} bad steps, TrainConfig.max_bad_steps=" \
-            f"{t.train_cfg.max_bad_steps}); stopped without saving"
-    if t.restored_step is not None and bad - bad_at_start == step - t.start_step:
+            f"{max_bad}); stopped without saving"
+    restored = t.start.restored_step
+    if restored is not None and bad - bad_at_start == step - t.start.step:
         raise TrainingDiverged(
-            f"{where}. Every step since resuming from the checkpoint at step {t.restored_step} was non-finite, so "
+            f"{where}. Every step since resuming from the checkpoint at step {restored} was non-finite, so "
             "that checkpoint may be corrupt (it passed its checksums only if it has any): move "
-            f"{t.checkpointer.directory}/{t.restored_step} out of the folder to resume from an older one")
+            f"{t.checkpointer.directory}/{restored} out of the folder to resume from an older one")
     good = t.checkpointer.latest_step()
     kept = f"the last good checkpoint (step {good}) is untouched" if good is not None else \
         "no checkpoint had been saved"

@@ -15,80 +15,90 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from celerity_jax import recipe, rundir
+from celerity_jax import rundir
 from celerity_jax.collapse import reference as reference_lib
-from celerity_jax.collapse.config import MonitorConfig
 from celerity_jax.collapse.controls import Controls
+from celerity_jax.configs import RunDefinition
 from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path
 from celerity_jax.model import sharding
 from celerity_jax.rundir.checkpoint import Checkpointer, checkpoint_steps
-from celerity_jax.rundir.identity import Identity
 from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import downstream, init_from, interrupts, lock
 from celerity_jax.train import step as step_lib
-from celerity_jax.train.config import RunConfigs, TrainConfig
+from celerity_jax.train.log_step import Measures, Writers
 from celerity_jax.train.memory import compile_train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """The run directory as this process sees it: only process 0 (the chief) writes its files and logs."""
+    path: str
+    is_chief: bool
+    log: Callable[[str], None]  # the chief's; a process other than 0 logs nothing
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """This process's share of the training batches, laid out on the devices as the train step takes them."""
+    iterator: data_lib.TrainIterator
+    sharding: jax.sharding.Sharding
+
+    def next(self) -> dict[str, jax.Array]:
+        batch = next(self.iterator)
+        return {k: jax.make_array_from_process_local_data(self.sharding, v) for k, v in batch.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where the loop starts: the state at `step` (the first step donates it) and where it came from."""
+    state: step_lib.TrainState
+    step: int
+    restored_step: int | None = None  # the run's own checkpoint resumed from
+    init_from: str = ""               # the other run's checkpoint this run started from
 
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
     """A run ready for its first step: what the loop steps, evaluates, logs and checkpoints with."""
-    workdir: str
-    plan: recipe.Plan
-    train_cfg: TrainConfig
-    monitor_cfg: MonitorConfig
-    train_step: Callable           # compiled: (state, batch) -> (state, metrics); donates the state
-    eval_step: Callable            # (params, batch) -> loss
-    eval_batches: list             # on the devices
-    reference_G: jax.Array | None  # the collapse reference on the monitor's grid; None: collapse/* off
-    data_it: data_lib.TrainIterator
-    batch_sharding: jax.sharding.Sharding
+    run: RunDefinition
+    workdir: Workdir
+    train_step: Callable            # compiled: (state, batch) -> (state, metrics); donates the state
+    batches: Batches
     checkpointer: Checkpointer
-    tb: TensorBoardWriter | None   # the writers exist on process 0 only
-    curve: CurveCSV | None
-    eval_curve: CurveCSV | None
-    is_chief: bool                 # process 0: writes files and prints
-    state: step_lib.TrainState     # at start_step (the first step donates it)
-    start_step: int
-    restored_step: int | None      # the checkpoint resumed from
-    init_from: str | None          # the other run's checkpoint this run started from
-    downstream: Callable | None    # (step, params) -> downstream scores' scalars (written); None: no tasks
-
-    def next_batch(self) -> dict[str, jax.Array]:
-        batch = next(self.data_it)
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in batch.items()}
+    writers: Writers | None         # process 0's only
+    measures: Measures
+    start: Start
 
 
-def check_run(configs: RunConfigs,
-              workdir: str) -> tuple[recipe.Plan, jax.sharding.Mesh, downstream.Downstream | None]:
-    """The checks that need nothing read or compiled; returns the plan, the device mesh and the run's downstream
-    tasks (None without any)."""
+def check_run(run: RunDefinition, workdir: str) -> tuple[jax.sharding.Mesh, downstream.Downstream | None]:
+    """The checks that need nothing read or compiled; returns the device mesh and the run's downstream tasks (None
+    without any)."""
+    configs = run.configs
     check_local_path(workdir, "workdir")
     check_local_path(configs.train.init_from, "TrainConfig.init_from")
     for path in configs.train.collapse_reference:
         check_local_path(path, "TrainConfig.collapse_reference")
-    plan = recipe.make_plan(configs.model, configs.recipe)
     data_lib.check_vocab(data_lib.tokenizer_vocab_size(configs.data), configs.model.vocab_size,
                          data_lib.tokenizer_label(configs.data))
     mesh = sharding.make_mesh(configs.train.mesh_shape)
-    sharding.check_batch_divisible(plan.batch_seqs, mesh, configs.train.microbatches)
-    return plan, mesh, downstream.Downstream.checked(configs.train)
+    sharding.check_batch_divisible(run.plan.batch_seqs, mesh, configs.train.microbatches)
+    return mesh, downstream.Downstream.checked(configs.train)
 
 
 @contextlib.contextmanager
-def locked_workdir(workdir: str, is_chief: bool, log):
+def locked_workdir(workdir: Workdir):
     """Process 0 holds the workdir's run lock for the block. With several processes all learn whether it got
     it, so that none waits at a barrier for a process 0 that has stopped."""
     held, error = None, None
-    if is_chief:
+    if workdir.is_chief:
         try:
-            held = lock.acquire(workdir, log)
+            held = lock.acquire(workdir.path, workdir.log)
         except ConfigError as e:
             error = e
     if jax.process_count() > 1 and not multihost_utils.broadcast_one_to_all(np.int32(error is None)):
-        error = error or ConfigError(f"process 0 could not lock {workdir}; its output says why")
+        error = error or ConfigError(f"process 0 could not lock {workdir.path}; its output says why")
     if error:
         raise error
     try:
@@ -98,20 +108,21 @@ def locked_workdir(workdir: str, is_chief: bool, log):
             held.release()
 
 
-def _collapse_reference(configs: RunConfigs, plan: recipe.Plan, workdir: str, log) -> jax.Array | None:
-    train_cfg = configs.train
+def _collapse_reference(run: RunDefinition, workdir: Workdir) -> jax.Array | None:
+    train_cfg = run.configs.train
     if not train_cfg.collapse_reference:
         return None
-    reference_G, notes = reference_lib.reference_on_grid(train_cfg.collapse_reference, configs.monitor,
-                                                         Controls.from_plan(plan), workdir,
+    reference_G, notes = reference_lib.reference_on_grid(train_cfg.collapse_reference, run.configs.monitor,
+                                                         Controls.from_plan(run.plan), workdir.path,
                                                          force=train_cfg.force_reference)
     for note in notes:
-        log(note)
+        workdir.log(note)
     return reference_G
 
 
-def _data(configs: RunConfigs, plan: recipe.Plan) -> tuple[data_lib.TrainIterator, list[np.ndarray]]:
+def _data(run: RunDefinition) -> tuple[data_lib.TrainIterator, list[np.ndarray]]:
     """This process's share of the training batches and of the eval batches."""
+    configs, plan = run.configs, run.plan
     local_batch = plan.batch_seqs // jax.process_count()
     where = {"process_index": jax.process_index(), "process_count": jax.process_count()}
     data_it = data_lib.make_train_iterator(configs.data, plan.seq_len, local_batch, seed=configs.train.seed, **where)
@@ -124,32 +135,33 @@ def _data(configs: RunConfigs, plan: recipe.Plan) -> tuple[data_lib.TrainIterato
     return data_it, eval_batches
 
 
-def _prepare_workdir(configs: RunConfigs, plan: recipe.Plan, workdir: str, identity: Identity, data_it,
-                     operative_config: str, force_new: bool, is_chief: bool, log) -> init_from.Source | None:
+def _prepare_workdir(run: RunDefinition, workdir: Workdir, data_it, force_new: bool) -> init_from.Source | None:
     """Checks the workdir (and an init_from source), archives an earlier run with `force_new`, writes the run
     files; returns the init_from source when this run starts from it."""
-    archive = rundir.check_workdir(workdir, identity, force_new)
+    archive = rundir.check_workdir(workdir.path, run.identity, force_new)
     source = None
-    if configs.train.init_from:
-        if archive or not checkpoint_steps(os.path.join(workdir, rundir.CHECKPOINTS)):
-            source = init_from.open_source(configs.train.init_from)
-            init_from.check_compatible(source, identity, configs.model)
+    if run.configs.train.init_from:
+        if archive or not checkpoint_steps(os.path.join(workdir.path, rundir.CHECKPOINTS)):
+            source = init_from.open_source(run.configs.train.init_from)
+            init_from.check_compatible(source, run.identity, run.configs.model)
             init_from.set_data_position(data_it, source)
         else:
-            log(f"TrainConfig.init_from is set but {workdir} holds checkpoints of its own: resuming from them")
-    if archive and is_chief:
-        rundir.archive_workdir(workdir, log)
+            workdir.log(f"TrainConfig.init_from is set but {workdir.path} holds checkpoints of its own: resuming "
+                        "from them")
+    if archive and workdir.is_chief:
+        rundir.archive_workdir(workdir.path, workdir.log)
     multihost_utils.sync_global_devices("celerity_workdir")
-    if is_chief:
-        rundir.write_run_files(workdir, identity, plan, operative_config)
+    if workdir.is_chief:
+        rundir.write_run_files(workdir.path, run.identity, run.plan, run.operative_gin)
     return source
 
 
-def _log_plan_and_data(configs: RunConfigs, plan: recipe.Plan, log) -> None:
+def _log_plan_and_data(run: RunDefinition, log) -> None:
+    plan = run.plan
     log(f"plan: N={plan.n_params:,} params, D={plan.tokens:,} tokens ({plan.tpp:g} TPP), {plan.steps} steps of "
         f"{plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "
         f"hidden peak lr={plan.lr_hidden:.4g}")
-    stats = data_lib.corpus_stats(configs.data)
+    stats = data_lib.corpus_stats(run.configs.data)
     log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items() if v != []))
 
 
@@ -158,91 +170,90 @@ def _indented(text: str) -> str:
     return "    " + text.replace("\n", "\n    ")
 
 
-def _restore(checkpointer: Checkpointer, state, data_it, source: init_from.Source | None, identity: Identity,
-             plan: recipe.Plan, workdir: str, is_chief: bool, log) -> tuple[object, int, int | None, str | None]:
-    """The run's newest good checkpoint, else the init_from source's, else the initial state. Returns (state,
-    start step, the step resumed from or None, the description of an init_from start or None)."""
-    restored = checkpointer.restore_latest(state, log=log)
+def _restore(run: RunDefinition, workdir: Workdir, checkpointer: Checkpointer, data_it,
+             source: init_from.Source | None, state) -> tuple[Start, str]:
+    """The run's newest good checkpoint, else the init_from source's, else the initial `state`; returns the start
+    and, for a start from the init_from source, its description ("" otherwise)."""
+    restored = checkpointer.restore_latest(state, log=workdir.log)
     if restored is not None:
-        start_step, state, data_state = restored
+        step, state, data_state = restored
         data_it.set_state(data_state)
-        log(f"resumed from the checkpoint at step {start_step} in {workdir}/{rundir.CHECKPOINTS}")
-        return state, start_step, start_step, None
+        workdir.log(f"resumed from the checkpoint at step {step} in {workdir.path}/{rundir.CHECKPOINTS}")
+        return Start(state, step, restored_step=step), ""
     if source is None:
-        return state, 0, None, None
+        return Start(state, 0), ""
     state = init_from.restore_state(source, state)
-    differences = identity.differences(source.identity)
-    if is_chief:
-        init_from.start_run_dir(source, workdir, differences, plan.steps)
-    description = init_from.describe(source, differences, plan.steps)
-    log(description)
-    return state, source.step, None, description
+    differences = run.identity.differences(source.identity)
+    if workdir.is_chief:
+        init_from.start_run_dir(source, workdir.path, differences, run.plan.steps)
+    description = init_from.describe(source, differences, run.plan.steps)
+    workdir.log(description)
+    return Start(state, source.step, init_from=os.path.join(source.checkpoints_dir, str(source.step))), description
+
+
+def _writers(run: RunDefinition, workdir: Workdir, start: Start, init_description: str) -> Writers | None:
+    """Process 0's writers, from the start step on (None elsewhere); a new start records the configs in TensorBoard."""
+    if not workdir.is_chief:
+        return None
+    evaluates = run.configs.train.eval_every or run.configs.train.eval_points
+    curve = lambda name: CurveCSV(os.path.join(workdir.path, name), start.step)  # noqa: E731
+    writers = Writers(TensorBoardWriter(workdir.path), curve(rundir.CURVE_CSV),
+                      curve(rundir.EVAL_CSV) if evaluates else None)
+    if run.operative_gin and (start.step == 0 or init_description):
+        writers.tb.text(start.step, "config/operative_gin", _indented(run.operative_gin))
+        writers.tb.text(start.step, "config/plan", _indented(run.plan.to_json()))
+    if init_description:
+        writers.tb.text(start.step, "config/init_from", _indented(init_description))
+    return writers
 
 
 @contextlib.contextmanager
-def prepare(configs: RunConfigs, plan: recipe.Plan, mesh, workdir: str, *, operative_config: str, force_new: bool,
-            is_chief: bool, log, downstream_tasks: downstream.Downstream | None = None):
+def prepare(run: RunDefinition, mesh, workdir: Workdir, *, force_new: bool,
+            downstream_tasks: downstream.Downstream | None = None):
     """Prepares the run (the caller holds the lock) and yields its `Trainer`; closes the checkpointer, the
     writers and the data iterator after the block, quietly when it raised (the error must not be masked by a
     failed close)."""
-    train_cfg = configs.train
-    reference_G = _collapse_reference(configs, plan, workdir, log)
-    data_it, eval_batches_np = _data(configs, plan)
+    train_cfg = run.configs.train
+    reference_G = _collapse_reference(run, workdir)
+    data_it, eval_batches_np = _data(run)
     interrupts.raise_if_requested()
 
-    build = step_lib.build_step(configs.model, plan, configs.monitor, mesh, microbatches=train_cfg.microbatches,
-                                z_loss=train_cfg.z_loss, seed=train_cfg.seed)
-    train_step = compile_train_step(build, plan, train_cfg, configs.model)
+    build = step_lib.build_step(run.configs.model, run.plan, run.configs.monitor, mesh,
+                                microbatches=train_cfg.microbatches, z_loss=train_cfg.z_loss, seed=train_cfg.seed)
+    train_step = compile_train_step(build, run.plan, train_cfg, run.configs.model)
     interrupts.raise_if_requested()
 
-    score_downstream = downstream.make_downstream(downstream_tasks, configs, plan, mesh, workdir, is_chief)
-    identity = Identity.of(configs, plan)
-    source = _prepare_workdir(configs, plan, workdir, identity, data_it, operative_config, force_new, is_chief, log)
-    _log_plan_and_data(configs, plan, log)
-    log(f"setting: {step_lib.setting_line(build.setting(plan))}")
+    score_downstream = downstream.make_downstream(downstream_tasks, run, mesh, workdir.path, workdir.is_chief)
+    source = _prepare_workdir(run, workdir, data_it, force_new)
+    _log_plan_and_data(run, workdir.log)
+    workdir.log(f"setting: {step_lib.setting_line(build.setting(run.plan))}")
     state = build.init()
     interrupts.raise_if_requested()
 
-    checkpointer = Checkpointer(os.path.join(workdir, rundir.CHECKPOINTS), identity, train_cfg.keep_last,
+    checkpointer = Checkpointer(os.path.join(workdir.path, rundir.CHECKPOINTS), run.identity, train_cfg.keep_last,
                                 train_cfg.keep_every, train_cfg.async_checkpointing)
-    tb = None
+    writers = None
     try:
-        state, start_step, restored_step, init_description = _restore(checkpointer, state, data_it, source,
-                                                                      identity, plan, workdir, is_chief, log)
+        start, init_description = _restore(run, workdir, checkpointer, data_it, source, state)
         interrupts.raise_if_requested()
-        batch_sh = build.batch_sharding
-        eval_batches = [jax.make_array_from_process_local_data(batch_sh, b) for b in eval_batches_np]
-        eval_step = step_lib.make_eval_step(configs.model, batch_sh, build.state_shardings.params)
-
-        tb = TensorBoardWriter(workdir) if is_chief else None
-        curve = CurveCSV(os.path.join(workdir, rundir.CURVE_CSV), start_step) if is_chief else None
-        evaluates = train_cfg.eval_every or train_cfg.eval_points
-        eval_curve = CurveCSV(os.path.join(workdir, rundir.EVAL_CSV), start_step) if is_chief and evaluates else None
-        if tb and operative_config and (start_step == 0 or init_description):
-            tb.text(start_step, "config/operative_gin", _indented(operative_config))
-            tb.text(start_step, "config/plan", _indented(plan.to_json()))
-        if tb and init_description:
-            tb.text(start_step, "config/init_from", _indented(init_description))
+        eval_batches = tuple(jax.make_array_from_process_local_data(build.batch_sharding, b) for b in eval_batches_np)
+        eval_step = step_lib.make_eval_step(run.configs.model, build.batch_sharding, build.state_shardings.params)
+        writers = _writers(run, workdir, start, init_description)
         if reference_G is None:
-            log("no collapse reference given (TrainConfig.collapse_reference): the monitor records the curve "
-                "but collapse/* metrics are off; build one with `celerity collapse reference`")
-        yield Trainer(
-            workdir=workdir, plan=plan, train_cfg=train_cfg, monitor_cfg=configs.monitor, train_step=train_step,
-            eval_step=eval_step, eval_batches=eval_batches, reference_G=reference_G, data_it=data_it,
-            batch_sharding=batch_sh, checkpointer=checkpointer, tb=tb, curve=curve, eval_curve=eval_curve,
-            is_chief=is_chief, state=state, start_step=start_step, restored_step=restored_step,
-            init_from=os.path.join(source.checkpoints_dir, str(source.step)) if init_description else None,
-            downstream=score_downstream)
+            workdir.log("no collapse reference given (TrainConfig.collapse_reference): the monitor records the curve "
+                        "but collapse/* metrics are off; build one with `celerity collapse reference`")
+        yield Trainer(run, workdir, train_step, Batches(data_it, build.batch_sharding), checkpointer, writers,
+                      Measures(reference_G, eval_step, eval_batches, score_downstream), start)
     except BaseException:
         with contextlib.suppress(Exception):
-            if tb:
-                tb.close()
+            if writers:
+                writers.tb.close()
         with contextlib.suppress(Exception):
             checkpointer.close(raise_errors=False)
         with contextlib.suppress(Exception):
             data_it.close()  # stops its read workers, if any
         raise
-    if tb:
-        tb.close()
+    if writers:
+        writers.tb.close()
     checkpointer.close()
     data_it.close()

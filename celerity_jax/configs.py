@@ -1,7 +1,8 @@
-"""TrainConfig: how a run is executed (mesh, precision, logging, checkpoints, faults); RunConfigs: all five
-configs of a run.
+"""A run's configs: TrainConfig (how a run is executed: mesh, logging, checkpoints, faults), RunConfigs (all five
+configs of a run, as gin_config parses them) and RunDefinition (the configs with their plan and identity).
 
-What is trained (model, recipe, data, monitor) lives in those modules' own configs.
+What is trained (model, recipe, data, monitor) lives in those packages' own configs. TrainConfig sits here, below
+train/, because gin_config and the evaluator, which train/ uses, read it too.
 """
 
 import dataclasses
@@ -12,7 +13,8 @@ from celerity_jax.data.config import DataConfig
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.sharding import MESH_AXES
-from celerity_jax.recipe import RecipeConfig
+from celerity_jax.recipe import Plan, RecipeConfig, make_plan
+from celerity_jax.rundir.identity import Identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,10 @@ class TrainConfig:
         if not 0.0 <= self.loss_ema < 1.0:
             raise ConfigError(f"TrainConfig.loss_ema={self.loss_ema} must be in [0, 1)")
 
+    def last_step(self, total_steps: int) -> int:
+        """Where training stops: the plan's end (`total_steps`), or stop_at_step when that comes first."""
+        return min(total_steps, self.stop_at_step or total_steps)
+
     def eval_steps(self, total_steps: int) -> frozenset[int]:
         """The steps evaluated besides every eval_every-th: the eval_points spread over t̂, and the last step
         whenever evals are on."""
@@ -109,3 +115,27 @@ class RunConfigs:
             raise ConfigError(f"MonitorConfig.n_bins={bins} exceeds TrainConfig.eval_points={train.eval_points}: "
                               "with loss_curve='eval' most bins would hold no eval and the monitor would stay "
                               f"silent; set n_bins to at most {train.eval_points} (and smooth_bins = 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDefinition:
+    """What defines a run wherever it trains: its configs, what they give (computed once, by `of`): its plan and
+    identity, and the operative gin that config.gin records ("" when the configs were not parsed from gin)."""
+    configs: RunConfigs
+    plan: Plan
+    identity: Identity
+    operative_gin: str = ""
+
+    @classmethod
+    def of(cls, configs: RunConfigs, operative_gin: str = "") -> "RunDefinition":
+        plan = make_plan(configs.model, configs.recipe)
+        return cls(configs, plan, Identity.of(configs, plan), operative_gin)
+
+    @property
+    def last_step(self) -> int:
+        return self.configs.train.last_step(self.plan.steps)
+
+    def stopping_at(self, step: int) -> "RunDefinition":
+        """This run trained up to `step` (TrainConfig.stop_at_step); plan and identity do not depend on it."""
+        train = dataclasses.replace(self.configs.train, stop_at_step=step)
+        return dataclasses.replace(self, configs=dataclasses.replace(self.configs, train=train))

@@ -1,41 +1,29 @@
 """The `celerity` command line: one thin module per command group.
 
-A module in COMMAND_MODULES exposes `add_commands(subparsers)`; every subcommand sets `func(args)`. The
-command modules import only the standard library at the top, so that `celerity --help` stays fast; each
-command imports what it runs. Shared options are in `options.py`. Gin is parsed only by the commands
-that take `--gin-file` (see `celerity_jax.gin_config`).
+Each module in COMMANDS exposes `add_commands(subparsers)`; every subcommand sets `func(args)`. The command
+modules import only the standard library and light project modules at the top, so that `celerity --help` stays
+fast (a test checks that it imports no JAX); each command imports what it runs. Shared options are in
+`options.py`. Gin is parsed only by the commands that take `--gin-file` (see `celerity_jax.gin_config`).
 """
 
 import argparse
-import importlib
 import sys
 import traceback
 
 from celerity_jax import hostmem
-from celerity_jax.cli import options
+from celerity_jax.cli import collapse, coordcheck, data, demo, evaluate, frontier, hf, options, plan, sweep, train
+from celerity_jax.cli import compile as compile_  # as `compile` it would hide the builtin
 from celerity_jax.errors import DISK_ERRNOS, ConfigError, RunStopped
 from celerity_jax.train.logfile import verbose_from_env
 
-COMMAND_MODULES = (
-    "celerity_jax.cli.coordcheck",
-    "celerity_jax.cli.plan",
-    "celerity_jax.cli.data",
-    "celerity_jax.cli.collapse",
-    "celerity_jax.cli.train",
-    "celerity_jax.cli.demo",
-    "celerity_jax.cli.sweep",
-    "celerity_jax.cli.compile",
-    "celerity_jax.cli.evaluate",
-    "celerity_jax.cli.frontier",
-    "celerity_jax.cli.hf",
-)
+COMMANDS = (coordcheck, plan, data, collapse, train, demo, sweep, compile_, evaluate, frontier, hf)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celerity", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(subparsers)
+    for module in COMMANDS:
+        module.add_commands(subparsers)
     return parser
 
 

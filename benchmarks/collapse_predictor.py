@@ -6,13 +6,17 @@ cut at several fractions of training, aligned over t̂ in [f/2, f], and its pred
 compared with its real (smoothed) final loss: once against the nearest smaller size alone, once against
 the family-aware curve extrapolated to its N. With `--leave-one-out` every size is a target in turn and
 the references are all the other sizes (the nearest in log N alone, or the family-aware curve at its N).
-`--synthetic` writes a drifting surrogate family first. Variants tried against the goal: `--window-start a`
+`--synthetic` writes a drifting surrogate family first; `--by-tpp` evaluates each TPP's family of the CURVEs
+(e.g. the OLMo ladder's token budgets). Every table ends with the goal (family-aware error ≤ 0.5× the
+single-reference error at 10–30% of training), met or missed, with the ratios. Variants tried against the goal: `--window-start a`
 aligns over [a·f, f] instead; `--shrunk` also scores the family-aware curve with each t̂'s slope in log N
 shrunk toward 0 by its signal-to-noise, w = s²/(s² + se²) (needs 3 or more reference sizes).
 
     python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
     python benchmarks/collapse_predictor.py runs/predictor/tpp5/*/* --leave-one-out
     python benchmarks/collapse_predictor.py --synthetic
+    python benchmarks/collapse_predictor.py benchmarks/data/olmo-ladder/*.csv --by-tpp --leave-one-out \
+        --bins 50 --smooth-bins 3
 """
 
 import argparse
@@ -113,10 +117,38 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
             "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start}
 
 
+GOAL_RATIO = 0.5            # family-aware error ≤ 0.5× single-reference error ...
+GOAL_FRACS = (0.1, 0.3)     # ... at every seen fraction in this range
+
+
+def goal(summary: dict) -> dict:
+    """Whether the family-aware error is at most GOAL_RATIO× the single-reference error at every fraction of
+    GOAL_FRACS that was measured, with those ratios."""
+    ratios = {f: e["family_over_single"] for f, e in summary.items() if GOAL_FRACS[0] <= f <= GOAL_FRACS[1]}
+    return {"met": bool(ratios) and all(r <= GOAL_RATIO for r in ratios.values()), "ratios": ratios}
+
+
+def print_table(title: str, result: dict, window_start: float) -> None:
+    print(f"{title}: {len(result['sizes'])} sizes, {len({r['curve'] for r in result['rows']})} target runs; "
+          f"mean |predicted / real final loss - 1|, aligned over t̂ in [{window_start:g}·f, f]")
+    names = [n for n in next(iter(result["mean_abs_error"].values())) if not n.endswith("_over_single")]
+    print(f"{'seen f':>7s} " + " ".join(f"{n:>14s}" for n in names) + " "
+          + " ".join(f"{n + '/single':>21s}" for n in names[1:]))
+    for f, errors in result["mean_abs_error"].items():
+        print(f"{f:7.2f} " + " ".join(f"{100 * errors[n]:13.3f}%" for n in names) + " "
+              + " ".join(f"{errors[n + '_over_single']:20.2f}x" for n in names[1:]))
+    g = result["goal"]
+    print(f"goal family <= {GOAL_RATIO:g}x single at t̂ {GOAL_FRACS[0]:g}-{GOAL_FRACS[1]:g}: "
+          f"{'MET' if g['met'] else 'MISSED'} (" + ", ".join(f"{f:g}: {r:.2f}x" for f, r in g["ratios"].items()) + ")")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("curves", nargs="*", metavar="CURVE")
     parser.add_argument("--synthetic", action="store_true", help="benchmark on a generated drifting family")
+    parser.add_argument("--by-tpp", action="store_true",
+                        help="the CURVEs hold several families, one per TPP (e.g. a ladder of token budgets): "
+                             "evaluate each")
     parser.add_argument("--fracs", default="0.1,0.2,0.3,0.5")
     parser.add_argument("--bins", type=int, default=200)
     parser.add_argument("--smooth-bins", type=int, default=11)
@@ -132,19 +164,25 @@ def main() -> int:
         paths = write_synthetic_family(tmp) if args.synthetic else args.curves
         if not paths:
             parser.error("give CURVEs or --synthetic")
-        result = evaluate(paths, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out, args.loss_curve,
-                          args.window_start, args.shrunk)
-    result["source"] = "synthetic drifting family" if args.synthetic else args.curves
-    print(f"{len(result['sizes'])} sizes, {len(result['rows']) // len(fracs)} target runs; "
-          f"mean |predicted / real final loss - 1|, aligned over t̂ in [{args.window_start:g}·f, f]")
-    names = [n for n in next(iter(result["mean_abs_error"].values())) if not n.endswith("_over_single")]
-    print(f"{'seen f':>7s} " + " ".join(f"{n:>14s}" for n in names) + " "
-          + " ".join(f"{n + '/single':>21s}" for n in names[1:]))
-    for f, errors in result["mean_abs_error"].items():
-        print(f"{f:7.2f} " + " ".join(f"{100 * errors[n]:13.3f}%" for n in names) + " "
-              + " ".join(f"{errors[n + '_over_single']:20.2f}x" for n in names[1:]))
+        families = {"family": paths}
+        if args.by_tpp:
+            by_tpp: dict[float, list[str]] = {}
+            for path in paths:
+                by_tpp.setdefault(files.load_curve(path).controls.tpp, []).append(path)
+            families = {f"TPP {tpp:g}": by_tpp[tpp] for tpp in sorted(by_tpp)}
+        results = {}
+        for name, family in families.items():
+            results[name] = evaluate(family, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out,
+                                     args.loss_curve, args.window_start, args.shrunk)
+            results[name]["goal"] = goal(results[name]["mean_abs_error"])
+    for name, result in results.items():
+        print_table(name, result, args.window_start)
+    out = {"source": "synthetic drifting family" if args.synthetic else args.curves, "families": results}
+    if len(results) > 1:
+        out["goal_met_in"] = [name for name, r in results.items() if r["goal"]["met"]]
+        print(f"goal met in {len(out['goal_met_in'])} of {len(results)} families")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    write_json_atomic(args.out, result)
+    write_json_atomic(args.out, out)
     print(f"wrote {args.out}")
     return 0
 

@@ -43,6 +43,22 @@ def family(tmp_path_factory):
     return d, runs, refs
 
 
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("collapse_predictor",
+                                                  os.path.join(ROOT, "benchmarks", "collapse_predictor.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_reports_the_goal_met_or_missed():
+    goal = _benchmark().goal
+    errors = {0.1: {"family_over_single": 0.4}, 0.2: {"family_over_single": 0.5}, 0.5: {"family_over_single": 2.0}}
+    assert goal(errors) == {"met": True, "ratios": {0.1: 0.4, 0.2: 0.5}}
+    assert not goal({**errors, 0.3: {"family_over_single": 0.51}})["met"]
+    assert not goal({0.5: {"family_over_single": 0.1}})["met"]  # nothing measured at 10–30%
+
+
 def test_window_rule():
     assert predictor.window_at(0.3) == (0.15, 0.3)
     assert predictor.window_at(0.3, align_start=0.2) == pytest.approx((0.06, 0.3))
@@ -82,11 +98,7 @@ def test_every_user_of_prediction_gives_the_same_number(family, capsys):
     assert predictor.predict(run, family_G, upto=0.5) is None
 
     # the benchmark, on the finished target
-    spec = importlib.util.spec_from_file_location("collapse_predictor",
-                                                  os.path.join(ROOT, "benchmarks", "collapse_predictor.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = bench.evaluate(list(runs.values()), [0.3], N_BINS, 11, False)
+    result = _benchmark().evaluate(list(runs.values()), [0.3], N_BINS, 11, False)
     row = next(r for r in result["rows"] if r["n_params"] == SIZES[3])
     target = files.load_curve(runs[SIZES[3]])
     true_final = float(curves.smooth(*curves.bin_curve(target.frac_T, target.loss_T, N_BINS), 11)[0][-1])

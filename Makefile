@@ -4,7 +4,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tests also compile for TPU slices, which needs libtpu (the `tpu` extra, about 700 MB), and run the
 # Beam pipeline of prepare-data (the `beam` extra). The demo and the tests score models with lm-evaluation-harness
-# (the `eval` extra). The tests load Hugging Face exports in transformers (the `hf` extra: CPU torch).
+# (the `eval` extra). The tests load Hugging Face exports in transformers (the `hf` extra: CPU torch), and run the
+# collapse pruner in Optuna studies (the `sweep` extra).
 TEST_STAMP := $(VENV)/.installed-tpu-hf
 
 .PHONY: demo test test-slow install clean
@@ -18,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,eval,tpu,beam,hf]'
+	$(BIN)/pip install -q -e '.[test,eval,tpu,beam,hf,sweep]'
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -10,6 +10,7 @@ import pytest
 from celerity_jax import cli
 from celerity_jax.collapse import curves, files, monitor, predictor, reference, surrogate
 from celerity_jax.collapse.config import CurveGrid, replay_config
+from celerity_jax.errors import ConfigError
 from celerity_jax.sweep import runner
 
 STEPS = 1000
@@ -75,6 +76,8 @@ def test_every_user_of_prediction_gives_the_same_number(family, capsys):
     nearest_G = predictor.reference_for(loaded, frac_G, SIZES[3], "nearest")
     np.testing.assert_array_equal(nearest_G, reference.reference_curve([loaded[2]], frac_G))
     assert np.abs(np.asarray(family_G) - np.asarray(nearest_G)).max() > 1e-3
+    with pytest.raises(ConfigError, match="prediction method 'closest' is unknown; use one of nearest, family"):
+        predictor.reference_for(loaded, frac_G, SIZES[3], "closest")
 
     # the in-loop monitor and `celerity collapse predict`, over the fixed window [0.25, 0.5], at t̂ = 0.4
     cfg = replay_config(CurveGrid(N_BINS), (0.25, 0.5))

@@ -23,6 +23,7 @@ import numpy as np
 
 from celerity_jax.collapse import curves, reference
 from celerity_jax.collapse.types import Curve, Reference
+from celerity_jax.errors import ConfigError
 
 METHODS = ("nearest", "family")
 
@@ -56,6 +57,8 @@ def reference_for(refs: Sequence[Reference], frac_G: np.ndarray, n_params: float
                   method: str) -> jax.Array:
     """The reference curve of `method` on `frac_G` for a run of N = `n_params` ("family" is the geometric mean
     of the references when N is unknown)."""
+    if method not in METHODS:
+        raise ConfigError(f"prediction method {method!r} is unknown; use one of {', '.join(METHODS)}")
     if method == "nearest":
         refs = [reference.nearest(refs, n_params)] if n_params else refs[:1]
     return reference.reference_curve(list(refs), frac_G, n_params)

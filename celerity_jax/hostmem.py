@@ -5,8 +5,8 @@ XLA:CPU allocates a step's temporaries as large blocks. By default glibc serves 
 unmaps it when freed, so every step touches (and the kernel zero-fills) all of it again. `retain_freed_memory`
 sets, through `mallopt`: one arena (M_ARENA_MAX 1), no mmap for large blocks (M_MMAP_MAX 0), never give the
 heap top back (M_TRIM_THRESHOLD −1), and grow the heap 1 GiB at a time (M_TOP_PAD). The cost: the process
-keeps its peak heap resident. The README's train-step results give the page faults and memory it saves and
-costs. Call it before JAX allocates (the `celerity` command line calls it once the arguments are parsed, for
+keeps its peak heap resident. The train-step results (docs/results/training.md) give the page faults and memory it
+saves and costs. Call it before JAX allocates (the `celerity` command line calls it once the arguments are parsed, for
 every command but `prepare-data`, whose tokenizer threads would queue on the one arena); set
 CELERITY_RETAIN_HOST_MEMORY=0 to turn it off.
 """

@@ -32,7 +32,7 @@ def add_commands(subparsers) -> None:
                    help="comma list of tasks (task or task:shots), 'celerity' (the paper's seven tasks and their "
                         "average) or 'stdlib_next_line' (the built-in task, no data needed)")
     p.add_argument("--data-dir", metavar="DIR",
-                   help="the tasks' data, DIR/<task>/<split>.jsonl (README: Evaluating and sampling); not needed for "
+                   help="the tasks' data, DIR/<task>/<split>.jsonl (docs/evaluation.md); not needed for "
                         "the built-in task")
     p.add_argument("--limit", type=int, metavar="N", help="score the first N documents of each task (default: all)")
     p.add_argument("--batch-size", type=int, default=16, metavar="B", help="requests scored together (default 16)")

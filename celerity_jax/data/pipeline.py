@@ -86,8 +86,8 @@ def check_vocab(tokenizer_vocab: int, model_vocab: int, tokenizer_name: str = ""
             f"{': ' if tokenizer_name else ''}{tokenizer_vocab:,} token ids): this config expects a corpus tokenized with its own "
             "tokenizer (the Celerity configs: the Llama-3 tokenizer, 128,256 ids). Make one with `celerity "
             "prepare-data --input FILES --tokenizer TOKENIZER.json --out DIR`, then train with DataConfig.source = "
-            "'arrayrecord', DataConfig.paths = ('DIR',) and DataConfig.tokenizer = 'TOKENIZER.json' (README: "
-            "Preparing a corpus)")
+            "'arrayrecord', DataConfig.paths = ('DIR',) and DataConfig.tokenizer = 'TOKENIZER.json' "
+            "(docs/data.md)")
     if tokenizer_vocab > model_vocab:
         raise ConfigError(f"the tokenizer has {tokenizer_vocab} token ids but ModelConfig.vocab_size="
                           f"{model_vocab}; set ModelConfig.vocab_size to at least {tokenizer_vocab} or use a "

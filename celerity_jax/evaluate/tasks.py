@@ -104,7 +104,7 @@ def data_files(stock_config: dict, task: str, data_dir: str) -> dict[str, str]:
     for split, path in files.items():
         if not os.path.isfile(path):
             raise ConfigError(f"{task}: {path} is missing; the stock task reads the splits {', '.join(splits)}, "
-                              f"each a file of {expected} (README: Evaluating and sampling)")
+                              f"each a file of {expected} (docs/evaluation.md)")
         _check_documents(path, fields, expected)
     return files
 
@@ -122,7 +122,7 @@ def _check_documents(path: str, fields: tuple[str, ...], expected: str) -> None:
             missing = [k for k in fields if k not in doc] if isinstance(doc, dict) else list(fields) or ["{...}"]
             if missing:
                 raise ConfigError(f"{path}:{n} is not {expected} (missing: {', '.join(missing)}); rewrite the file "
-                                  "from the dataset (README: Evaluating and sampling)")
+                                  "from the dataset (docs/evaluation.md)")
     if n == 0:
         raise ConfigError(f"{path} is empty; it must hold {expected}")
 
@@ -154,7 +154,7 @@ def harness_config(spec: TaskSpec, data_dir: str | None, task_manager, limit: in
     stock = load_yaml(task_manager.task_index[spec.name].yaml_path, resolve_func=True)
     if data_dir is None:
         raise ConfigError(f"--data-dir is required for {spec.name}: the harness's stock tasks read local files "
-                          "DIR/<task>/<split>.jsonl (README: Evaluating and sampling)")
+                          "DIR/<task>/<split>.jsonl (docs/evaluation.md)")
     files = data_files(stock, spec.name, data_dir)
     return {**stock, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
             "num_fewshot": spec.shots}

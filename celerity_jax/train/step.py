@@ -34,7 +34,7 @@ def init_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
 
 
 def state_shardings(abstract_state: TrainState, mesh, optimizer: optax.GradientTransformation) -> TrainState:
-    """A NamedSharding for every leaf of the train state (rules in `celerity_jax.sharding`)."""
+    """A NamedSharding for every leaf of the train state (rules in `celerity_jax/model/sharding.py`)."""
     param_sh = sharding.param_shardings(abstract_state.params, mesh)
     rep = sharding.replicated(mesh)
     return TrainState(step=rep, params=param_sh,

@@ -23,7 +23,6 @@ import os
 from celerity_jax.errors import ConfigError
 
 SIZES = ("d40-l2", "d56-l3", "d80-l5")  # experiments/demo/sizes/<size>.gin
-RECIPES = ("tau", "naive")
 # Panel 1, at the smallest size: (batch ×, LR ×, τ ×) against the τ recipe's run. λ follows from τ, so the
 # first three change λ by ×2, ×2 and ×1 at equal τ; the last two move τ. A larger batch evaluates fewer eval
 # batches, so that every run sees the same held-out sequences.
@@ -57,6 +56,7 @@ class DemoRun:
     gin_files: tuple[str, ...]
     gin_params: tuple[str, ...]
     replica: int = 0  # 0: the run itself; k: its k-th repeat with another seed
+    tau_factor: float = 1.0  # its τ over the τ recipe's (panel 1's off-τ settings)
 
     @property
     def name(self) -> str:
@@ -70,6 +70,7 @@ def demo_runs(sizes: tuple[str, ...] = SIZES, quick: bool = False) -> list[DemoR
     """Every run of the demo, each with a seed of its own except that a size shares its seed (batch order)
     across the two recipes. Quick: panels 1 and 2 only (the smallest size's runs)."""
     from celerity_jax import gin_config, recipe
+    from celerity_jax.demo_report import RECIPES
 
     if len(sizes) < 2:
         raise ConfigError(f"--sizes names {len(sizes)} size; the demo's family needs at least two")
@@ -95,7 +96,7 @@ def demo_runs(sizes: tuple[str, ...] = SIZES, quick: bool = False) -> list[DemoR
     panels += [DemoRun("timescale", name, panel_files,
                        (f"RecipeConfig.batch_seqs = {base.batch_seqs * b}", f"RecipeConfig.base_lr = {base.base_lr * lr!r}",
                         f"RecipeConfig.tau = {base_tau * t!r}", f"TrainConfig.eval_batches = {eval_batches // b}",
-                        f"TrainConfig.seed = {next(seeds)}"))
+                        f"TrainConfig.seed = {next(seeds)}"), tau_factor=t)
                for name, (b, lr, t) in TIMESCALE_SETTINGS.items()]
     panels += [DemoRun("tpp", name, panel_files,
                        (f"RecipeConfig.tpp = {base.tpp * x!r}", f"RecipeConfig.tau = {base_tau!r}",

@@ -19,8 +19,10 @@ import time
 
 import numpy as np
 
-from celerity_jax import demo, markdown
+from celerity_jax import markdown
 from celerity_jax.errors import ConfigError
+
+RECIPES = ("tau", "naive")  # the family's two recipes, the groups of its runs
 
 GRID_BINS = 25  # eval.gin's 50 points give two per bin
 TARGET_DELTA_OVER_SIGMA = 1.5  # equal-τ settings, and the τ family's sizes, agree within seed noise
@@ -28,7 +30,7 @@ TARGET_SEPARATION = 3.0  # off-τ and off-TPP curves sit this many σ away
 TARGET_RATIO = 3.0  # the naive family's collapse spread over the τ family's
 
 
-def normalized_curves(workdir: str, runs: list["demo.DemoRun"]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def normalized_curves(workdir: str, runs: list) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(t̂ of the grid, each run's normalized eval curve by name)."""
     from celerity_jax.collapse import curves, files
 
@@ -63,20 +65,20 @@ def delta_over_sigma(groups: list[np.ndarray], keep_G: np.ndarray) -> dict[str, 
     return {"delta": delta, "sigma": sigma, "delta_over_sigma": delta / sigma}
 
 
-def _group(curves: dict[str, np.ndarray], runs: list["demo.DemoRun"], group: str, label: str) -> np.ndarray:
+def _group(curves: dict[str, np.ndarray], runs: list, group: str, label: str) -> np.ndarray:
     return np.stack([curves[r.name] for r in runs if r.group == group and r.label == label])
 
 
 def timescale_panel(curves: dict, runs: list, keep_G: np.ndarray) -> dict:
     """Panel 1: the equal-τ settings (the τ run with its seeds, and each setting with τ × 1) against σ, and each
     off-τ setting's separation from their mean."""
+    settings = [r for r in runs if r.group == "timescale" and r.label != "base"]
     equal = [_group(curves, runs, "timescale", "base")] + [
-        _group(curves, runs, "timescale", name) for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t == 1]
-    out = delta_over_sigma(equal, keep_G)
+        _group(curves, runs, "timescale", r.label) for r in settings if r.tau_factor == 1]
+    out = {"equal": [r.label for r in settings if r.tau_factor == 1], **delta_over_sigma(equal, keep_G)}
     sigma_G = seed_sigma(equal)
     mean_G = np.mean([g.mean(axis=0) for g in equal], axis=0)
-    out["off"] = {name: separation(_group(curves, runs, "timescale", name)[0], mean_G, sigma_G, keep_G)
-                  for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t != 1}
+    out["off"] = {r.label: separation(curves[r.name], mean_G, sigma_G, keep_G) for r in settings if r.tau_factor != 1}
     out["met"] = (out["delta_over_sigma"] <= TARGET_DELTA_OVER_SIGMA
                   and min(out["off"].values()) >= TARGET_SEPARATION)
     return out
@@ -100,7 +102,7 @@ def family_panel(curves: dict, runs: list, frac_G: np.ndarray, keep_G: np.ndarra
 
     sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
     spread = {}
-    for name in demo.RECIPES:
+    for name in RECIPES:
         family_KxG = np.stack([curves[f"{name}/{s}"] for s in sizes])
         spread[name] = float(curve_math.collapse_quality(family_KxG, frac_G, *compare.QUALITY_RANGE)["mean_abs_dev"])
     out = {"tau_spread": spread["tau"], "naive_spread": spread["naive"],
@@ -126,8 +128,8 @@ def plot_panels(frac_G: np.ndarray, curves: dict, runs: list, panels: dict, path
     if "timescale" in panels:
         p = panels["timescale"]
         equal = [("base (seed mean)", base_G, "-")] + [
-            (name, curves[f"timescale/{name}"], "-" if t == 1 else "--")
-            for name, (_, _, t) in demo.TIMESCALE_SETTINGS.items()]
+            (r.label, curves[r.name], "-" if r.tau_factor == 1 else "--")
+            for r in runs if r.group == "timescale" and r.label != "base"]
         reference = np.mean([c for _, c, style in equal if style == "-"], axis=0)
         columns.append((f"1. equal τ (solid) vs τ/4, 4τ (dashed)\nΔ/σ {p['delta_over_sigma']:.2f}, off-τ "
                         f"{min(p['off'].values()):.1f}σ+", equal, reference, p["sigma"]))
@@ -141,7 +143,7 @@ def plot_panels(frac_G: np.ndarray, curves: dict, runs: list, panels: dict, path
         p = panels["family"]
         sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
         lines = [(f"{name}/{s}", curves[f"{name}/{s}"], "-" if name == "tau" else "--")
-                 for name in demo.RECIPES for s in sizes]
+                 for name in RECIPES for s in sizes]
         columns.append((f"3. family {sizes[0]}–{sizes[-1]}: τ (solid) vs naive (dashed)\nratio "
                         f"{p['ratio']:.2f}, τ family Δ/σ {p['delta_over_sigma']:.2f}", lines, None, p["sigma"]))
     fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 7), sharex=True, height_ratios=(2, 1),
@@ -194,7 +196,7 @@ def _panel_lines(panels: dict, base: dict) -> list[str]:
         off = ", ".join(f"{name} **{x:.1f}σ**" for name, x in p["off"].items())
         lines += ["## 1. τ, not B, η and λ separately, sets the curve's shape", "",
                   f"{at}: the τ recipe's run (base, τ = {base['tau']:.3f}, with its seeds) and the settings at equal τ "
-                  f"({', '.join(n for n, (_, _, t) in demo.TIMESCALE_SETTINGS.items() if t == 1)}), against τ/4 "
+                  f"({', '.join(p['equal'])}), against τ/4 "
                   "(tau-div4) and 4τ (tau-x4).",
                   "",
                   f"- Equal-τ settings agree within seed noise: Δ/σ = {p['delta']:.4f} / {p['sigma']:.4f} = "

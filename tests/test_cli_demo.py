@@ -1,0 +1,7 @@
+def test_demo_refuses_an_unknown_size_in_one_line(tmp_path, capsys):
+    from celerity_jax.cli import main
+
+    assert main(["demo", "--workdir", str(tmp_path / "demo"), "--sizes", "d40-l2,d999"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "d999" in err and "experiments/demo/sizes" in err
+    assert not (tmp_path / "demo").exists()

@@ -9,6 +9,9 @@ of every setting, predicts each setting's final loss at every checkpoint fractio
 against its references (family-aware across reference sizes) and ranks the settings. With `--stop-at F
 --keep K` only the K best by the prediction at F train past F; the others keep a checkpoint at F, so a
 rerun with a larger `--keep` (or without `--stop-at`) finishes them. Rerunning a command resumes it.
+With `--storage URL` the settings are the trials of an Optuna study that any number of workers take (the same
+command on several hosts, or `--workers N` here), stopped by the collapse pruner from `--stop-at` on
+(sweep/study.py); without it the sweep runs here, one setting after another.
 The library is `celerity_jax/sweep/` (its workdir layout: runner.py).
 """
 
@@ -48,16 +51,57 @@ def add_commands(subparsers) -> None:
     options.add_workdir_options(p, workdir_help="the sweep's directory: its summary and a run directory per "
                                                 "run (created, or resumed)")
     p.add_argument("--force", action="store_true", help="accept references whose controls differ")
+    p.add_argument("--storage", metavar="URL",
+                   help="run the settings as the trials of an Optuna study kept here, which any number of workers "
+                        "take (the same command on each host): sqlite:///PATH on one machine, journal:PATH on a "
+                        "shared filesystem, postgresql://USER@HOST/DB for a cluster; needs --stop-at, from which the "
+                        "collapse pruner stops the settings that cannot beat the best (the `sweep` extra)")
+    p.add_argument("--study-name", metavar="NAME", help="the study in --storage (default: the workdir's name)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="with --storage: N worker processes here")
     p.set_defaults(func=sweep_command)
 
 
 def sweep_command(args) -> int:
+    from celerity_jax.errors import ConfigError
     from celerity_jax.sweep import report, runner, spec
     from celerity_jax.train import lock
 
     sweep_spec = spec.spec_from_args(args)
-    with lock.locked(sweep_spec.workdir):
-        summary = runner.run_sweep(sweep_spec)
+    if args.storage:
+        summary = _study_workers(sweep_spec, args.storage, args.study_name or os.path.basename(
+            os.path.abspath(args.workdir)), args.workers)
+        if summary is None:
+            return 0
+    elif args.workers != 1 or args.study_name:
+        raise ConfigError("--workers and --study-name apply to a study: add --storage URL (e.g. sqlite:///sweep.db)")
+    else:
+        with lock.locked(sweep_spec.workdir):
+            summary = runner.run_sweep(sweep_spec)
     print("\n" + report.render_markdown(summary))
     print(f"wrote {os.path.join(args.workdir, 'sweep.json')} and {os.path.join(args.workdir, 'sweep.md')}")
     return 0
+
+
+def _study_workers(sweep_spec, storage: str, name: str, workers: int) -> dict | None:
+    """One worker here, or `workers` worker processes; the summary when this host's workers finished the study."""
+    import multiprocessing
+
+    from celerity_jax.errors import ConfigError
+    from celerity_jax.sweep import study
+
+    if workers < 1:
+        raise ConfigError(f"--workers {workers}: give at least 1")
+    if workers == 1:
+        return study.run_worker(sweep_spec, storage, name)
+    study.open_study(sweep_spec, study.open_storage(storage), name)  # bad input stops here, in one line
+    context = multiprocessing.get_context("spawn")
+    procs = [context.Process(target=study.run_worker, args=(sweep_spec, storage, name)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = [p.exitcode for p in procs if p.exitcode]
+    if failed:
+        raise ConfigError(f"{len(failed)} of {workers} workers failed (their output is above); rerun the command: "
+                          "it resumes the study")
+    return study.summary(sweep_spec, storage, name)

@@ -1,0 +1,190 @@
+"""`celerity sweep --storage URL`: the sweep's settings as the trials of an Optuna study, which any number of
+workers take from one storage (the same command on several hosts, or `--workers N` processes on one).
+
+The first worker to open the study creates it, records the sweep's spec in it and enqueues one trial per setting;
+a worker whose spec differs (another sweep, or the same study name given to two sweeps) stops with one line. A
+worker takes waiting trials one at a time, atomically through the storage, until none is left. A trial trains its
+setting's references and its target to each of the spec's fractions, reports the predictor's final loss there
+(pruner.report) and is pruned by the CollapsePruner, from --stop-at on, once it cannot
+beat the best finished setting; else it trains to the end and its value is the true final loss.
+
+While a trial runs, its worker records a heartbeat in it every HEARTBEAT_S seconds. A running trial whose
+heartbeat is older than STALE_S (its worker was killed) is failed and enqueued again by the next worker that looks;
+its runs resume from their checkpoints, and the report counts each setting once, by its last trial. Every worker
+that finds no trial waiting or running writes sweep.json and sweep.md, as the sequential sweep does.
+"""
+
+import json
+import os
+import threading
+import time
+
+import optuna
+
+from celerity_jax.collapse.predictor import Prediction, window_at
+from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import write_json_atomic, write_text_atomic
+from celerity_jax.sweep import pruner, report, runner
+from celerity_jax.sweep.spec import SweepSpec
+
+HEARTBEAT_S = 10.0
+STALE_S = 60.0
+SPEC_ATTR = "celerity_sweep_spec"
+SETTING_PARAM = "setting"
+TrialState = optuna.trial.TrialState
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """SQLite or PostgreSQL (`sqlite:///PATH`, `postgresql://...`), or a journal file (`journal:PATH`)."""
+    try:
+        if url.startswith("journal:"):
+            backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
+            return optuna.storages.JournalStorage(backend)
+        return optuna.storages.RDBStorage(url)
+    except Exception as e:  # noqa: BLE001 -- any driver's error: the storage cannot be used, said in one line
+        raise ConfigError(f"--storage {url}: cannot open it ({type(e).__name__}: {str(e).splitlines()[0]}); give "
+                          "sqlite:///PATH, journal:PATH or postgresql://USER@HOST/DB of a reachable server") from None
+
+
+def spec_record(spec: SweepSpec) -> str:
+    """What makes two workers' sweeps the same one: the spec but for its force flags."""
+    fields = {k: v for k, v in vars(spec).items() if k not in ("force_new", "force")}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def open_study(spec: SweepSpec, storage, name: str, timeout_s: float = 60.0) -> optuna.Study:
+    """Creates the study with one waiting trial per setting, or loads it and checks that it is this sweep's."""
+    pruning = pruner.CollapsePruner(min_frac=spec.stop_at)
+    record = spec_record(spec)
+    try:
+        study = optuna.create_study(storage=storage, study_name=name, pruner=pruning)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage, pruner=pruning)
+        deadline = time.time() + timeout_s
+        while SPEC_ATTR not in study.user_attrs:  # its creator is enqueuing the settings
+            if time.time() > deadline:
+                raise ConfigError(f"study {name!r} holds no sweep spec after {timeout_s:g} s; it was not made by "
+                                  "`celerity sweep`: pass another --study-name") from None
+            time.sleep(0.5)
+        if study.user_attrs[SPEC_ATTR] != record:
+            raise ConfigError(f"study {name!r} belongs to another sweep spec (another sweep, or this one changed); "
+                              "pass another --study-name, or the same arguments as its other workers") from None
+        return study
+    for s in spec.settings:
+        study.enqueue_trial({SETTING_PARAM: s.name})
+    study.set_user_attr(SPEC_ATTR, record)
+    return study
+
+
+# Optuna's public API takes "the next" waiting trial, not a given one; its storage API (by trial id) changes a
+# trial's state atomically, so that two workers never take, or fail, the same trial.
+def _retry_stale(study: optuna.Study) -> None:
+    """Fails the running trials whose heartbeat stopped, and enqueues their settings again."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if time.time() - t.user_attrs.get("heartbeat", time.time()) > STALE_S:
+            try:
+                if study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                    study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}))
+            except RuntimeError:  # another worker failed it first
+                continue
+
+
+def _take(study: optuna.Study) -> optuna.Trial | None:
+    """A waiting trial, now running for this worker (None when none is left)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if study._storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                return optuna.Trial(study, t._trial_id)
+        except RuntimeError:  # another worker took it first
+            continue
+    return None
+
+
+def _beating(trial: optuna.Trial, stop: threading.Event) -> threading.Thread:
+    def beat():
+        while not stop.is_set():
+            trial.set_user_attr("heartbeat", time.time())
+            stop.wait(HEARTBEAT_S)
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return thread
+
+
+def _run_trial(trial: optuna.Trial, sr: runner.SettingRuns, spec: SweepSpec, train_fn, log) -> float:
+    """Trains one setting to each fraction, reporting its predicted final loss; its true final loss."""
+    def train(run, until=None):
+        run.train_to(until, force_new=spec.force_new, log=log, train_fn=train_fn)
+
+    for run in sr.references:
+        train(run)
+    ref_paths = runner.reference_paths(sr, spec.force)
+    for frac in spec.fractions:
+        step = runner.stop_step(sr.target.plan, frac)
+        train(sr.target, step)
+        predictions = runner.setting_predictions(sr, ref_paths, spec)
+        p = predictions[predictions["method"]][str(frac)]
+        if p is not None:
+            pruner.report(trial, Prediction(p["pred"], p["err"], frac, window_at(frac, None, spec.align_start)), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"{sr.setting.name}: pruned at t̂ = {frac:g}")
+    train(sr.target)
+    return report.true_final(sr.target)
+
+
+def run_worker(spec: SweepSpec, storage_url: str, study_name: str, train_fn=None, log=print) -> dict | None:
+    """Takes the study's trials until none is left; writes and returns the summary when no trial is running."""
+    if spec.stop_at is None:
+        raise ConfigError("--storage needs --stop-at F: the fraction of training from which the collapse pruner may "
+                          "stop a setting, e.g. --stop-at 0.2")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    setting_runs = {sr.setting.name: sr for sr in runner.plan_sweep(spec)}
+    study = open_study(spec, open_storage(storage_url), study_name)
+    os.makedirs(spec.workdir, exist_ok=True)
+    while True:
+        _retry_stale(study)
+        trial = _take(study)
+        if trial is None:
+            break
+        sr = setting_runs[trial.suggest_categorical(SETTING_PARAM, list(setting_runs))]
+        stop = threading.Event()
+        _beating(trial, stop)
+        try:
+            value = _run_trial(trial, sr, spec, train_fn, log)
+        except optuna.TrialPruned as pruned:
+            stop.set()
+            study.tell(trial, state=TrialState.PRUNED)
+            log(f"\n{pruned}")
+            continue
+        except BaseException:
+            stop.set()
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        stop.set()
+        study.tell(trial, value)
+    return write_summary(spec, list(setting_runs.values()), study, log)
+
+
+def summary(spec: SweepSpec, storage_url: str, study_name: str, log=print) -> dict | None:
+    """write_summary of the study (when its trials are done), e.g. after its workers ended."""
+    study = open_study(spec, open_storage(storage_url), study_name)
+    return write_summary(spec, runner.plan_sweep(spec), study, log)
+
+
+def write_summary(spec: SweepSpec, setting_runs: list, study: optuna.Study, log=print) -> dict | None:
+    """sweep.json and sweep.md from the runs' directories, once no trial is waiting or running (else None); the
+    settings whose last trial was pruned are stopped."""
+    if study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+        log("\nother workers are still running trials; the last of them writes the summary")
+        return None
+    last = {t.params[SETTING_PARAM]: t.state for t in study.get_trials(deepcopy=False) if t.params}
+    ref_paths = {sr.setting.name: runner.reference_paths(sr, spec.force) for sr in setting_runs}
+    predicted = {sr.setting.name: runner.setting_predictions(sr, ref_paths[sr.setting.name], spec)
+                 for sr in setting_runs}
+    runs = [*{r.name: r for sr in setting_runs for r in sr.references}.values(), *(sr.target for sr in setting_runs)]
+    done = {r.name: r.steps_done() for r in runs}
+    stopped = [name for name, state in last.items() if state == TrialState.PRUNED]
+    summary = report.summarize(spec, setting_runs, predicted, done, {r.name: r.train_seconds() for r in runs},
+                               stopped)
+    write_json_atomic(os.path.join(spec.workdir, "sweep.json"), summary)
+    write_text_atomic(os.path.join(spec.workdir, "sweep.md"), report.render_markdown(summary))
+    return summary

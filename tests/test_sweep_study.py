@@ -70,6 +70,12 @@ def one_worker(tmp_path_factory):
 @pytest.mark.parametrize("storage", ["journal", pytest.param("sqlite", marks=pytest.mark.slow)])
 def test_two_workers_finish_the_sweep_once_each_trial_as_one_worker_does(tmp_path, storage, one_worker):
     url = f"sqlite:///{tmp_path / 's.db'}" if storage == "sqlite" else f"journal:{tmp_path / 's.log'}"
+    _two_workers_as_one(tmp_path, url, one_worker)
+
+
+def _two_workers_as_one(tmp_path, url: str, one_worker: dict) -> None:
+    """Two worker processes over `url` take each setting once and agree with one worker on the best and on the
+    predictions (which settings are pruned depends on which trial finishes first)."""
     _workers(2, str(tmp_path / "sweep"), url)
     trials = optuna.load_study(study_name="s", storage=study.open_storage(url)).trials
     assert sorted(t.params["setting"] for t in trials) == sorted(f"tau_{t}" for t in TAUS)  # each once
@@ -102,3 +108,49 @@ def test_bad_storage_and_foreign_studies_get_one_line(tmp_path):
         study.open_study(_spec(str(tmp_path / "a"), fractions=(0.5,)), storage, "s")
     with pytest.raises(ConfigError, match="study 's' belongs to another sweep spec"):
         study.open_study(_spec(str(tmp_path / "b")), storage, "s")
+
+
+@pytest.fixture
+def postgres_url(tmp_path_factory):
+    """A PostgreSQL server of Debian's packages (postgresql), started here on a free port; skipped without it."""
+    import glob
+    import shutil
+    import socket
+    import tempfile
+    import time
+
+    psycopg = pytest.importorskip("psycopg")
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not bins:
+        pytest.skip("no PostgreSQL server here (Debian: apt-get install postgresql)")
+    directory = tempfile.mkdtemp(prefix="celerity-pg-")
+    as_server = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        shutil.chown(directory, "postgres")
+        as_server = ["runuser", "-u", "postgres", "--"]
+    data = os.path.join(directory, "data")
+    subprocess.run([*as_server, f"{bins[-1]}/initdb", "-D", data, "-A", "trust", "-U", "celerity"], check=True,
+                   capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([*as_server, f"{bins[-1]}/postgres", "-D", data, "-p", str(port), "-k", directory,
+                               "-c", "listen_addresses=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"postgresql://celerity@127.0.0.1:{port}/postgres"
+    try:
+        for _ in range(100):
+            try:
+                psycopg.connect(url).close()
+                break
+            except psycopg.OperationalError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.slow  # starts a server: about 10 s
+def test_the_sweep_runs_on_a_postgresql_server(tmp_path, postgres_url, one_worker):
+    _two_workers_as_one(tmp_path, postgres_url, one_worker)

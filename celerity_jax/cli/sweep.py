@@ -54,7 +54,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--storage", metavar="URL",
                    help="run the settings as the trials of an Optuna study kept here, which any number of workers "
                         "take (the same command on each host): sqlite:///PATH on one machine, journal:PATH on a "
-                        "shared filesystem, postgresql://USER@HOST/DB for a cluster; needs --stop-at, from which the "
+                        "shared filesystem, postgresql://USER@HOST/DB for a cluster (with the psycopg package); needs --stop-at, from which the "
                         "collapse pruner stops the settings that cannot beat the best (the `sweep` extra)")
     p.add_argument("--study-name", metavar="NAME", help="the study in --storage (default: the workdir's name)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="with --storage: N worker processes here")

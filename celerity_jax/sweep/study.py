@@ -34,16 +34,21 @@ SETTING_PARAM = "setting"
 TrialState = optuna.trial.TrialState
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """SQLite or PostgreSQL (`sqlite:///PATH`, `postgresql://...`), or a journal file (`journal:PATH`)."""
-    try:
-        if url.startswith("journal:"):
-            backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
-            return optuna.storages.JournalStorage(backend)
-        return optuna.storages.RDBStorage(url)
-    except Exception as e:  # noqa: BLE001 -- any driver's error: the storage cannot be used, said in one line
-        raise ConfigError(f"--storage {url}: cannot open it ({type(e).__name__}: {str(e).splitlines()[0]}); give "
-                          "sqlite:///PATH, journal:PATH or postgresql://USER@HOST/DB of a reachable server") from None
+def open_storage(url: str, tries: int = 3) -> optuna.storages.BaseStorage:
+    """SQLite or PostgreSQL (`sqlite:///PATH`, `postgresql://...`), or a journal file (`journal:PATH`). Workers
+    that start together race to create the tables of a new database: the losers try again."""
+    for attempt in range(tries):
+        try:
+            if url.startswith("journal:"):
+                backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
+                return optuna.storages.JournalStorage(backend)
+            return optuna.storages.RDBStorage(url)
+        except Exception as e:  # noqa: BLE001 -- any driver's error: the storage cannot be used, said in one line
+            if attempt == tries - 1 or isinstance(e, ImportError | OSError):
+                raise ConfigError(f"--storage {url}: cannot open it ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                                  "give sqlite:///PATH, journal:PATH or postgresql://USER@HOST/DB of a reachable "
+                                  "server (PostgreSQL needs the psycopg package)") from None
+            time.sleep(1.0)
 
 
 def spec_record(spec: SweepSpec) -> str:

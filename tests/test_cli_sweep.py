@@ -16,6 +16,8 @@ def _sweep(tmp_path, *extra) -> list[str]:
 @pytest.mark.parametrize("extra, message", [
     (("--workers", "2"), "error: --workers and --study-name apply to a study: add --storage URL"),
     (("--storage", "sqlite:///x.db"), "error: --storage needs --stop-at F"),
+    (("--storage", "sqlite:///x.db", "--stop-at", "0.2", "--shared-references"),
+     "error: --shared-references with --storage: several workers would train the shared references at once"),
     (("--storage", "postgresql://nobody@127.0.0.1:1/db", "--stop-at", "0.2"),
      "error: --storage postgresql://nobody@127.0.0.1:1/db: cannot open it"),
     (("--storage", "journal:/nonexistent/dir/s.log", "--stop-at", "0.2"),

@@ -99,6 +99,22 @@ def test_a_killed_workers_trial_is_retried_and_counted_once(tmp_path, monkeypatc
     assert sorted(x["name"] for x in summary["settings"]) == sorted(f"tau_{t}" for t in TAUS)
 
 
+def test_a_worker_stopped_by_an_error_leaves_its_setting_to_the_next(tmp_path, fake_trainer):
+    from test_sweep_runner import _sweep_loss
+
+    url, workdir = f"sqlite:///{tmp_path / 's.db'}", str(tmp_path / "sweep")
+    trainer = fake_trainer(_sweep_loss)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        study.run_worker(_spec(workdir), url, "s", train_fn=interrupted, log=lambda _: None)
+    summary = study.run_worker(_spec(workdir), url, "s", train_fn=trainer, log=lambda _: None)
+    states = [t.state.name for t in optuna.load_study(study_name="s", storage=url).trials]
+    assert states.count("FAIL") == 1 and len(states) == 4 and summary is not None
+
+
 def test_bad_storage_and_foreign_studies_get_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"--storage postgresql://nobody@127.0.0.1:1/db: cannot open it"):
         study.open_storage("postgresql://nobody@127.0.0.1:1/db")

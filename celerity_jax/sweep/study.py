@@ -9,8 +9,10 @@ setting's references and its target to each of the spec's fractions, reports the
 beat the best finished setting; else it trains to the end and its value is the true final loss.
 
 While a trial runs, its worker records a heartbeat in it every HEARTBEAT_S seconds. A running trial whose
-heartbeat is older than STALE_S (its worker was killed) is failed and enqueued again by the next worker that looks;
-its runs resume from their checkpoints, and the report counts each setting once, by its last trial. Every worker
+heartbeat is older than STALE_S (its worker was killed) is failed and enqueued again by the next worker that looks,
+as is the trial of a worker stopped by an error or an interrupt; its runs resume from their checkpoints, and the
+report counts each setting once, by its last trial. (A run left locked by a killed worker on another host stays
+locked until its lock file is deleted: rundir's lock cannot check a process on another host.) Every worker
 that finds no trial waiting or running writes sweep.json and sweep.md, as the sequential sweep does.
 """
 
@@ -86,7 +88,7 @@ def open_study(spec: SweepSpec, storage, name: str, timeout_s: float = 60.0) -> 
 def _retry_stale(study: optuna.Study) -> None:
     """Fails the running trials whose heartbeat stopped, and enqueues their settings again."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if time.time() - t.user_attrs.get("heartbeat", time.time()) > STALE_S:
+        if time.time() - t.user_attrs.get("heartbeat", t.datetime_start.timestamp()) > STALE_S:
             try:
                 if study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
                     study.enqueue_trial(t.params or t.system_attrs.get("fixed_params", {}))
@@ -141,6 +143,9 @@ def run_worker(spec: SweepSpec, storage_url: str, study_name: str, train_fn=None
     if spec.stop_at is None:
         raise ConfigError("--storage needs --stop-at F: the fraction of training from which the collapse pruner may "
                           "stop a setting, e.g. --stop-at 0.2")
+    if spec.shared_references:
+        raise ConfigError("--shared-references with --storage: several workers would train the shared references "
+                          "at once; drop --shared-references (each setting then trains its own)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     setting_runs = {sr.setting.name: sr for sr in runner.plan_sweep(spec)}
     study = open_study(spec, open_storage(storage_url), study_name)
@@ -160,9 +165,10 @@ def run_worker(spec: SweepSpec, storage_url: str, study_name: str, train_fn=None
             study.tell(trial, state=TrialState.PRUNED)
             log(f"\n{pruned}")
             continue
-        except BaseException:
+        except BaseException:  # an error or an interrupt: the setting waits for the next worker, which resumes it
             stop.set()
             study.tell(trial, state=TrialState.FAIL)
+            study.enqueue_trial({SETTING_PARAM: sr.setting.name})
             raise
         stop.set()
         study.tell(trial, value)

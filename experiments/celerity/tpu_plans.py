@@ -1,14 +1,17 @@
 """Writes TPU_PLANS.md: every Celerity config on a v5p and a v5e slice, with `celerity compile --search` settings.
 
-    python experiments/celerity/tpu_plans.py [--cache-dir DIR] [--chip v5p] [--fsdp-only]
+    python experiments/celerity/tpu_plans.py [--cache-dir DIR] [--chip v5p] [--fsdp-only] [--from-json]
 
 The three TPP bands of a size share their model and batch, so one search per size and slice serves all three
 (only the step count, hence days and chip-hours, differs). Every search's full report goes to tpu_plans.json,
 rewritten after each search. `--chip` keeps the slices of one chip and `--fsdp-only` searches the all-fsdp mesh
-only: the table says so, and each cuts the (hours-long, on two cores) generation time.
+only: the table says so, and each cuts the (hours-long, on two cores) generation time. `--from-json` compiles
+nothing: it rewrites TPU_PLANS.md from tpu_plans.json (with the same --chip / --fsdp-only it was made with), as
+after a new calibration (`aot.calibration`, experiments/tpu_calibration/).
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -16,6 +19,7 @@ import time
 import jax
 
 from celerity_jax import gin_config, markdown, recipe
+from celerity_jax.aot import calibration
 from celerity_jax.aot.cache import DEFAULT_CACHE
 from celerity_jax.aot.cache import Cache
 from celerity_jax.aot.compile import slice_devices
@@ -41,13 +45,21 @@ def main(argv=None) -> int:
     parser.add_argument("--chip", choices=("v5p", "v5e"), help="only the slices of this chip")
     parser.add_argument("--fsdp-only", dest="fsdp_only", action="store_true",
                         help="search the all-fsdp mesh (1, chips, 1) only")
+    parser.add_argument("--from-json", dest="from_json", action="store_true",
+                        help="compile nothing: rewrite TPU_PLANS.md from tpu_plans.json")
     # The earlier underscore spellings, hidden.
     parser.add_argument("--cache_dir", dest="cache_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--fsdp_only", dest="fsdp_only", action="store_true", default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.from_json:
+        with open(os.path.join(HERE, "tpu_plans.json")) as f:
+            results = [dict(r, steps={int(band): n for band, n in r["steps"].items()}) for r in json.load(f)]
+        write_text_atomic(os.path.join(HERE, "TPU_PLANS.md"), table(results, args))
+        print(f"wrote {os.path.join(HERE, 'TPU_PLANS.md')}")
+        return 0
     jax.config.update("jax_platforms", "cpu")  # compile-only, as `celerity compile`
-    results, started = [], time.time()
+    results = []
     for size, slices in SLICES.items():
         for topology in slices:
             if args.chip and not topology.startswith(args.chip):
@@ -63,7 +75,7 @@ def main(argv=None) -> int:
                             "search_seconds": round(time.time() - t0, 1),
                             "steps": {band: _steps(size, band) for band in BANDS}})
             write_json_atomic(os.path.join(HERE, "tpu_plans.json"), results)
-    write_text_atomic(os.path.join(HERE, "TPU_PLANS.md"), table(results, time.time() - started, args))
+    write_text_atomic(os.path.join(HERE, "TPU_PLANS.md"), table(results, args))
     print(f"wrote {os.path.join(HERE, 'TPU_PLANS.md')}")
     return 0
 
@@ -73,7 +85,7 @@ def _steps(size: str, band: int) -> int:
     return recipe.make_plan(configs.model, configs.recipe).steps
 
 
-def table(results: list[dict], seconds: float, args) -> str:
+def table(results: list[dict], args) -> str:
     scope = []
     if args.chip:
         scope.append(f"{args.chip} slices only")
@@ -94,7 +106,14 @@ def table(results: list[dict], seconds: float, args) -> str:
         "The search here compiles with scanned layers only (the unrolled compile of the chosen setting, which "
         "`--search` adds, is skipped to keep the table's generation time bounded; the estimate does not depend on it).",
         "",
-        f"Generating this table took {seconds / 60:.0f} minutes on a 2-core CPU host (cached compiles are reused)"
+        "**Expected** columns: the estimate calibrated against published measurements of dense training on TPU "
+        "(`celerity_jax/aot/calibration.py`; table, sources and fit in "
+        "[experiments/tpu_calibration/CALIBRATION.md](../tpu_calibration/CALIBRATION.md), method in "
+        "[docs/accelerators.md](../../docs/accelerators.md)): " + _calibration_basis() + " The range in brackets "
+        "spans the fit's largest residuals; † marks an est. MFU outside the calibrated range (extrapolated). These too "
+        "are expectations, not measurements of Celerity.",
+        "",
+        f"Generating this table took {sum(r['search_seconds'] for r in results) / 60:.0f} minutes on a 2-core CPU host (cached compiles are reused)"
         + (f"; it searched {' and '.join(scope)}, to bound that time." if scope else "."),
         "",
     ]
@@ -104,18 +123,30 @@ def table(results: list[dict], seconds: float, args) -> str:
         for band in BANDS:
             name = f"`{r['size']}_{band}tpp.gin`"
             if best is None:
-                rows.append([name, r["topology"], "nothing fits with 10% headroom"] + [""] * 9)
+                rows.append([name, r["topology"], "nothing fits with 10% headroom"] + [""] * 12)
                 continue
             steps, step_seconds, chips = r["steps"][band], best["est_step_seconds"], best["chips"]
             hfu = best["est_mfu"] * best["xla_flops_per_step"] / best["model_flops_per_step"]
+            cal = calibration.expected(best)
             rows.append([name, r["topology"], tuple(best["mesh_shape"]), best["microbatches"], best["remat"],
                          "yes" if best["scan_layers"] else "no", f"{best['bytes_per_chip'] / 1e9:.1f}",
                          f"{step_seconds:.2f}",
                          f"{best['est_mfu']:.0%}", f"{hfu:.0%}", f"{steps * step_seconds / 86400:.1f}",
-                         f"{chips * steps * step_seconds / 3600:,.0f}"])
+                         f"{chips * steps * step_seconds / 3600:,.0f}",
+                         f"{cal['step_seconds']:.2f}", f"{cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%})" + (" †" if cal["extrapolated"] else ""),
+                         f"{steps * cal['step_seconds'] / 86400:.1f}"])
     lines += markdown.table(["config", "slice", "mesh (data, fsdp, tensor)", "microbatches", "remat", "scan", "GB/chip",
-                             "est. s/step", "est. MFU", "est. HFU", "est. days", "est. chip-hours"], rows)
+                             "est. s/step", "est. MFU", "est. HFU", "est. days", "est. chip-hours", "expected s/step",
+                             "expected MFU", "expected days"], rows)
     return "\n".join(lines) + "\n"
+
+
+def _calibration_basis() -> str:
+    f = calibration.load()["fit"]
+    chips = sorted({p["chip"] for p in calibration.load()["points"]})
+    return (f"expected step time = estimate ÷ r, r = measured ÷ estimated tokens/s = {f['a']:.2f}·est_MFU^{f['b']:.2f}, "
+            f"fitted over {f['n']} published runs on {', '.join(chips)} whose est. MFU spans "
+            f"{f['est_mfu_range'][0]:.0%}–{f['est_mfu_range'][1]:.0%}.")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from celerity_jax import accelerators
+from celerity_jax.aot import calibration
 from celerity_jax.aot.compile import Setting, compile_report
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.config import ModelConfig
@@ -36,6 +38,17 @@ def test_a_step_that_cannot_fit_is_reported_not_raised(tiny_configs, tpu_slice, 
     assert not report["fits"] and "RESOURCE_EXHAUSTED" in report["error"]
     assert report["bytes_per_chip"] > report["hbm_bytes_per_chip"]
     assert report["est_step_seconds"] is None
+
+
+def test_estimate_unfit_estimates_a_step_that_does_not_fit_and_calibrates_it(tiny_configs, tpu_slice, monkeypatch):
+    monkeypatch.setattr(accelerators, "usable_bytes", lambda chip: 1)  # nothing fits
+    setting = Setting((1, 4, 1), 2, "none", False)
+    assert compile_report(tiny_configs(), tpu_slice, setting)["est_step_seconds"] is None
+    report = compile_report(tiny_configs(), tpu_slice, setting, estimate_unfit=True)
+    assert not report["fits"] and report["est_step_seconds"] > 0
+    cal = report["calibrated"]
+    assert cal["ratio"] == pytest.approx(calibration.ratio(report["est_mfu"], calibration.load()["fit"]))
+    assert cal["step_seconds"] == pytest.approx(report["est_step_seconds"] / cal["ratio"])
 
 
 def test_cudnn_attention_is_refused_for_a_tpu(tiny_configs, tpu_slice):

@@ -9,39 +9,35 @@ from celerity_jax.aot.report import calibrated_line, format_report
 from celerity_jax.errors import ConfigError
 
 
-def _points(a: float, b: float, mfus=(0.6, 0.8, 1.0, 1.2)) -> list[dict]:
-    return [{"est_mfu": m, "ratio": a * m ** b, "chip": "v5p"} for m in mfus]
+POINTS = [{"chip": "v5p", "ratio": 0.6, "est_mfu": 1.2}, {"chip": "v5p", "ratio": 0.66, "est_mfu": 1.1},
+          {"chip": "v5e", "ratio": 0.95, "est_mfu": 0.7}]
 
 
-def test_the_fit_recovers_a_power_law_exactly():
-    f = calibration.fit(_points(0.7, -0.8))
-    assert f["a"] == pytest.approx(0.7) and f["b"] == pytest.approx(-0.8)
-    assert f["rms_log_residual"] == pytest.approx(0, abs=1e-12) and f["rms_log_loo"] == pytest.approx(0, abs=1e-12)
-    assert f["est_mfu_range"] == [0.6, 1.2] and f["n"] == 4
+def test_the_fit_is_one_geometric_mean_ratio_per_chip_with_its_residuals():
+    f = calibration.fit(POINTS)
+    assert f["ratio_by_chip"] == {"v5e": pytest.approx(0.95), "v5p": pytest.approx(math.sqrt(0.6 * 0.66))}
+    assert f["runs_by_chip"] == {"v5e": 1, "v5p": 2} and f["n"] == 3
+    assert f["max_abs_log_residual"] == pytest.approx(math.log(0.66 / 0.6) / 2)
+    assert f["rms_log_loo"] == pytest.approx(math.log(0.66 / 0.6))  # each v5p run predicted by the other
+    assert f["est_mfu_range"] == [0.7, 1.2]
+    assert calibration.ratio("v4", f) is None
 
 
-def test_one_constant_ratio_fits_as_b_zero_with_its_spread_as_residuals():
-    points = [{"est_mfu": m, "ratio": r} for m, r in ((0.5, 0.6), (0.7, 0.66), (0.9, 0.6), (1.1, 0.66))]
-    f = calibration.fit(points)
-    assert f["b"] == pytest.approx(0, abs=0.2)
-    assert f["residual_min"] < 0 < f["residual_max"]
+def test_too_few_points_is_one_clear_error():
+    with pytest.raises(ConfigError, match="at least 2 points"):
+        calibration.fit(POINTS[:1])
 
 
-def test_too_few_points_or_a_bad_mfu_is_one_clear_error():
-    with pytest.raises(ConfigError, match="at least 3 points"):
-        calibration.fit(_points(0.7, 0.0, mfus=(0.5, 0.9)))
-    with pytest.raises(ConfigError, match="cannot be calibrated"):
-        calibration.ratio(0.0, {"a": 1.0, "b": 0.0})
-
-
-def test_expected_scales_the_estimate_and_says_when_it_extrapolates():
-    data = {"points": _points(0.7, -1.0), "fit": calibration.fit(_points(0.7, -1.0))}
-    report = {"est_step_seconds": 2.0, "est_tokens_per_sec": 1000.0, "est_mfu": 0.9}
+def test_expected_scales_the_estimate_by_its_chips_ratio():
+    data = {"points": POINTS, "fit": calibration.fit(POINTS)}
+    report = {"chip": "v5e", "est_step_seconds": 2.0, "est_tokens_per_sec": 1000.0, "est_mfu": 0.9}
     cal = calibration.expected(report, data)
-    assert cal["ratio"] == pytest.approx(0.7 / 0.9) and cal["mfu"] == pytest.approx(0.7)
-    assert cal["step_seconds"] == pytest.approx(2.0 * 0.9 / 0.7) and not cal["extrapolated"]
-    assert "4 published runs (v5p)" in cal["basis"]
+    assert cal["ratio"] == pytest.approx(0.95) and cal["mfu"] == pytest.approx(0.9 * 0.95)
+    assert cal["step_seconds"] == pytest.approx(2.0 / 0.95) and not cal["extrapolated"]
+    assert cal["ratio_lo"] < cal["ratio"] < cal["ratio_hi"]
+    assert cal["basis"].startswith("XLA's estimate × 0.95, measured ÷ estimated of the 1 published v5e run (of 3")
     assert calibration.expected(dict(report, est_mfu=1.5), data)["extrapolated"]
+    assert calibration.expected(dict(report, chip="v4"), data) is None
     assert calibration.expected(dict(report, est_step_seconds=None), data) is None
     assert calibration.expected(report, {"fit": None}) is None
 
@@ -54,7 +50,7 @@ def test_the_shipped_data_names_a_source_for_every_measurement():
         assert m["source"] and m["config_source"] and m["gin"].endswith(".gin")
         assert "tokens_per_sec_per_chip" in m["published"] or "tflops_per_chip" in m["published"]
     if data["fit"]:
-        assert data["fit"]["n"] == len(data["points"]) and math.isfinite(data["fit"]["b"])
+        assert data["fit"]["n"] == len(data["points"]) == len(data["measurements"])
 
 
 def test_the_report_carries_the_calibrated_line():

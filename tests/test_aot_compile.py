@@ -47,7 +47,7 @@ def test_estimate_unfit_estimates_a_step_that_does_not_fit_and_calibrates_it(tin
     report = compile_report(tiny_configs(), tpu_slice, setting, estimate_unfit=True)
     assert not report["fits"] and report["est_step_seconds"] > 0
     cal = report["calibrated"]
-    assert cal["ratio"] == pytest.approx(calibration.ratio(report["est_mfu"], calibration.load()["fit"]))
+    assert cal["ratio"] == pytest.approx(calibration.ratio(report["chip"], calibration.load()["fit"]))
     assert cal["step_seconds"] == pytest.approx(report["est_step_seconds"] / cal["ratio"])
 
 

@@ -2,12 +2,12 @@
 
 `tpu_calibration.json` (beside this file) lists published training runs on Cloud TPU with their sources;
 `experiments/tpu_calibration/calibrate.py` compiles each in this project's model at the same shape and slice and
-writes, per run, the ratio r = measured tokens/s ÷ estimated tokens/s, and a fit of r against the estimated MFU:
+writes, per run, the ratio r = measured tokens/s ÷ estimated tokens/s, and the fit: one ratio per chip (the
+geometric mean of that chip's runs), since the ratio varies between chips far more than within one.
 
-    r = a · est_MFU^b        (least squares in log r; b = 0 is one factor, b = −1 a fixed measured MFU)
-
-The calibrated expectation of a step is the estimate × r; its band spans the fit's largest residuals either
-way. docs/accelerators.md says how far to trust it.
+The calibrated expectation of a step is the estimate × its chip's r; its band spans the largest residual of any
+run from its chip's ratio, either way. A chip with no published run gets no expectation. docs/accelerators.md
+says how far to trust it.
 """
 
 import functools
@@ -30,58 +30,50 @@ def load(path: str = PATH) -> dict:
 
 
 def fit(points: list[dict]) -> dict:
-    """The least-squares fit of log r = log a + b·log est_MFU over `points` (each with "ratio" and "est_mfu"), its
-    residuals, and the leave-one-out error of each point."""
-    if len(points) < 3:
-        raise ConfigError(f"a calibration fit needs at least 3 points, got {len(points)}")
-    x = [math.log(p["est_mfu"]) for p in points]
-    y = [math.log(p["ratio"]) for p in points]
-    log_a, b = _line(x, y)
-    residuals = [yi - (log_a + b * xi) for xi, yi in zip(x, y)]
-    loo = []
-    for i in range(len(points)):
-        la, bb = _line(x[:i] + x[i + 1:], y[:i] + y[i + 1:])
-        loo.append(y[i] - (la + bb * x[i]))
-    return {"a": math.exp(log_a), "b": b, "n": len(points),
-            "residual_min": min(residuals), "residual_max": max(residuals),
+    """One ratio per chip over `points` (each with "chip" and "ratio"): the geometric mean of the chip's ratios,
+    the residuals of log r about it, and each point's leave-one-out error (from the other runs of its chip,
+    where it has any)."""
+    if len(points) < 2:
+        raise ConfigError(f"a calibration fit needs at least 2 points, got {len(points)}")
+    logs: dict[str, list[float]] = {}
+    for p in points:
+        logs.setdefault(p["chip"], []).append(math.log(p["ratio"]))
+    mean = {chip: sum(v) / len(v) for chip, v in logs.items()}
+    residuals = [math.log(p["ratio"]) - mean[p["chip"]] for p in points]
+    loo = [(sum(v) - x) / (len(v) - 1) - x for v in logs.values() if len(v) > 1 for x in v]
+    return {"ratio_by_chip": {chip: math.exp(m) for chip, m in sorted(mean.items())},
+            "runs_by_chip": {chip: len(v) for chip, v in sorted(logs.items())}, "n": len(points),
+            "max_abs_log_residual": max(abs(r) for r in residuals),
             "rms_log_residual": math.sqrt(sum(r * r for r in residuals) / len(residuals)),
-            "rms_log_loo": math.sqrt(sum(r * r for r in loo) / len(loo)),
+            "rms_log_loo": math.sqrt(sum(r * r for r in loo) / len(loo)) if loo else None,
             "est_mfu_range": [min(p["est_mfu"] for p in points), max(p["est_mfu"] for p in points)]}
 
 
-def _line(x: list[float], y: list[float]) -> tuple[float, float]:
-    n, mx, my = len(x), sum(x) / len(x), sum(y) / len(y)
-    sxx = sum((xi - mx) ** 2 for xi in x)
-    if n < 2 or sxx == 0:
-        return my, 0.0
-    b = sum((xi - mx) * (yi - my) for xi, yi in zip(x, y)) / sxx
-    return my - b * mx, b
-
-
-def ratio(est_mfu: float, f: dict) -> float:
-    """The fitted measured ÷ estimated ratio at an estimated MFU."""
-    if not est_mfu > 0:
-        raise ConfigError(f"an estimated MFU of {est_mfu!r} cannot be calibrated; it must be > 0")
-    return f["a"] * est_mfu ** f["b"]
+def ratio(chip: str, f: dict) -> float | None:
+    """The fitted measured ÷ estimated ratio of a chip, or None when no published run calibrates it."""
+    return f["ratio_by_chip"].get(chip)
 
 
 def expected(report: dict, data: dict | None = None) -> dict | None:
-    """The calibrated expectation of a compile report's estimate, or None when the report has no TPU estimate (or
-    the data holds no fit): ratio, its band (lo, hi), step seconds, tokens/s and MFU (each with its band), and
-    the basis it rests on, in words."""
+    """The calibrated expectation of a compile report's estimate, or None when the report has no TPU estimate,
+    the data holds no fit or no run calibrates its chip: ratio, its band (lo, hi), step seconds, tokens/s and MFU
+    (each with its band), and the basis it rests on, in words."""
     data = load() if data is None else data
     f = data.get("fit")
     if not f or not report.get("est_step_seconds") or not report.get("est_mfu"):
         return None
-    r = ratio(report["est_mfu"], f)
-    lo, hi = r * math.exp(f["residual_min"]), r * math.exp(f["residual_max"])
+    r = ratio(report.get("chip", ""), f)
+    if r is None:
+        return None
+    band = math.exp(f["max_abs_log_residual"])
+    lo, hi = r / band, r * band
     lo_mfu, hi_mfu = f["est_mfu_range"]
     inside = lo_mfu <= report["est_mfu"] <= hi_mfu
-    chips = sorted({p["chip"] for p in data.get("points", [])})
-    basis = (f"XLA's estimate × {r:.2f}: measured ÷ estimated of {f['n']} published runs "
-             f"({', '.join(chips)}), fitted as {f['a']:.2f}·est_MFU^{f['b']:.2f}"
+    runs = f["runs_by_chip"][report["chip"]]
+    basis = (f"XLA's estimate × {r:.2f}, measured ÷ estimated of the {runs} published "
+             f"{report['chip']} run{'s' if runs > 1 else ''} (of {f['n']} on {', '.join(f['ratio_by_chip'])})"
              + ("" if inside else f"; est. MFU {report['est_mfu']:.0%} lies outside the calibrated "
-                f"{lo_mfu:.0%}–{hi_mfu:.0%}, so this extrapolates"))
+                f"{lo_mfu:.0%}–{hi_mfu:.0%}"))
     return {"ratio": r, "ratio_lo": lo, "ratio_hi": hi,
             "step_seconds": report["est_step_seconds"] / r,
             "step_seconds_lo": report["est_step_seconds"] / hi, "step_seconds_hi": report["est_step_seconds"] / lo,

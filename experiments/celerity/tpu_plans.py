@@ -110,7 +110,8 @@ def table(results: list[dict], args) -> str:
         "(`celerity_jax/aot/calibration.py`; table, sources and fit in "
         "[experiments/tpu_calibration/CALIBRATION.md](../tpu_calibration/CALIBRATION.md), method in "
         "[docs/accelerators.md](../../docs/accelerators.md)): " + _calibration_basis() + " The range in brackets "
-        "spans the fit's largest residuals; † marks an est. MFU outside the calibrated range (extrapolated). These too "
+        "spans the largest residual of a run about its chip's ratio, not the uncertainty of carrying that ratio "
+        "from 32B–175B models at 2048 tokens to these sizes (docs/accelerators.md); † marks an est. MFU outside the calibrated range (extrapolated). These too "
         "are expectations, not measurements of Celerity.",
         "",
         f"Generating this table took {sum(r['search_seconds'] for r in results) / 60:.0f} minutes on a 2-core CPU host (cached compiles are reused)"
@@ -143,10 +144,9 @@ def table(results: list[dict], args) -> str:
 
 def _calibration_basis() -> str:
     f = calibration.load()["fit"]
-    chips = sorted({p["chip"] for p in calibration.load()["points"]})
-    return (f"expected step time = estimate ÷ r, r = measured ÷ estimated tokens/s = {f['a']:.2f}·est_MFU^{f['b']:.2f}, "
-            f"fitted over {f['n']} published runs on {', '.join(chips)} whose est. MFU spans "
-            f"{f['est_mfu_range'][0]:.0%}–{f['est_mfu_range'][1]:.0%}.")
+    ratios = ", ".join(f"{chip} {r:.2f} ({f['runs_by_chip'][chip]} run{'s' if f['runs_by_chip'][chip] > 1 else ''})" for chip, r in f["ratio_by_chip"].items())
+    return (f"expected step time = estimate ÷ r, r = measured ÷ estimated tokens/s of the chip's published runs: "
+            f"{ratios}; those runs' est. MFU spans {f['est_mfu_range'][0]:.0%}–{f['est_mfu_range'][1]:.0%}.")
 
 
 if __name__ == "__main__":

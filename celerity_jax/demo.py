@@ -120,8 +120,13 @@ def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, 
              gin_files: tuple[str, ...] = (), gin_params: tuple[str, ...] = (), log=print) -> dict:
     """Trains every run of the demo unless it is finished, then writes the report; returns report.json's content.
     `gin_files` and `gin_params` are layered on every run after its own (to try a variant of the whole demo)."""
+    import jax
+
     from celerity_jax import demo_report, run
 
+    if not jax.config.jax_compilation_cache_dir:
+        # Seed repeats compile the same programs: a persistent cache in the workdir compiles each one once.
+        jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "jax_cache"))
     runs = [dataclasses.replace(r, gin_files=r.gin_files + tuple(gin_files),
                                 gin_params=r.gin_params + tuple(gin_params)) for r in demo_runs(sizes, quick)]
     seconds = {}

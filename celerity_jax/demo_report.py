@@ -21,6 +21,7 @@ import numpy as np
 
 from celerity_jax import markdown
 from celerity_jax.errors import ConfigError
+from celerity_jax.fileio import save_figure_atomic, write_json_atomic, write_text_atomic
 
 RECIPES = ("tau", "naive")  # the family's two recipes, the groups of its runs
 
@@ -30,13 +31,13 @@ TARGET_SEPARATION = 3.0  # off-τ and off-TPP curves sit this many σ away
 TARGET_RATIO = 3.0  # the naive family's collapse spread over the τ family's
 
 
-def normalized_curves(workdir: str, runs: list) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(t̂ of the grid, each run's normalized eval curve by name)."""
+def normalized_curves(workdir: str, runs: list) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, float]]:
+    """(t̂ of the grid, each run's normalized eval curve by name, each run's last eval loss by name)."""
     from celerity_jax.collapse import curves, files
 
-    out = {r.name: curves.normalize_run(files.load_curve(r.workdir(workdir), loss="eval"), GRID_BINS, 1)[0]
-           for r in runs}
-    return curves.bin_centers(GRID_BINS), out
+    loaded = {r.name: files.load_curve(r.workdir(workdir), loss="eval") for r in runs}
+    normalized = {name: curves.normalize_run(curve, GRID_BINS, 1)[0] for name, curve in loaded.items()}
+    return curves.bin_centers(GRID_BINS), normalized, {name: float(c.loss_T[-1]) for name, c in loaded.items()}
 
 
 def quality_range(frac_G: np.ndarray) -> np.ndarray:
@@ -163,11 +164,8 @@ def plot_panels(frac_G: np.ndarray, curves: dict, runs: list, panels: dict, path
     axes[0, 0].set_ylabel("normalized eval loss L(t̂)/L(T)")
     axes[1, 0].set_ylabel("residual / σ (band ±3σ)")
     fig.tight_layout()
-    root, ext = os.path.splitext(path)
-    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
-    fig.savefig(tmp, dpi=110)
+    save_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _runs_table(workdir: str, runs: list, finals: dict, seconds: dict) -> tuple[list[str], dict]:
@@ -227,10 +225,7 @@ def write_report(workdir: str, runs: list, seconds: dict[str, float], quick: boo
     """Measures every panel the runs cover, writes demo.png, report.md and report.json, and returns the latter's
     content. `seconds`: each run's training time by name; `downstream`: the τ family's results files
     (`demo.score_downstream`), for the downstream table and frontier.png."""
-    from celerity_jax.collapse import files
-    from celerity_jax.fileio import write_json_atomic, write_text_atomic
-
-    frac_G, curves = normalized_curves(workdir, runs)
+    frac_G, curves, finals = normalized_curves(workdir, runs)
     keep_G = quality_range(frac_G)
     groups = {r.group for r in runs}
     panels = {}
@@ -241,7 +236,6 @@ def write_report(workdir: str, runs: list, seconds: dict[str, float], quick: boo
     if "naive" in groups:
         panels["family"] = family_panel(curves, runs, frac_G, keep_G)
     plot_panels(frac_G, curves, runs, panels, os.path.join(workdir, "demo.png"))
-    finals = {r.name: files.load_curve(r.workdir(workdir), loss="eval").loss_T[-1] for r in runs}
     table, facts = _runs_table(workdir, runs, finals, seconds)
     lines = ["# celerity demo: the paper's mechanism, against seed noise", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "

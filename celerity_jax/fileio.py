@@ -24,6 +24,15 @@ def write_json_atomic(path: str, data) -> None:
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
+def save_figure_atomic(fig, path: str, **savefig_kwargs) -> None:
+    """A matplotlib figure written to `path` through a temporary file that keeps the extension (it picks the
+    image format)."""
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.tmp{os.getpid()}{ext}"
+    fig.savefig(tmp, **savefig_kwargs)
+    os.replace(tmp, path)
+
+
 def check_local_path(path: str, what: str) -> None:
     """Run directories are written with local file I/O; a URL such as gs://bucket/run would silently
     become a local folder named `gs:`, so it is refused with the fix."""

@@ -15,6 +15,7 @@ from celerity_jax.collapse import curves, monitor
 from celerity_jax.collapse.config import CurveGrid, replay_config
 from celerity_jax.collapse.types import Curve
 from celerity_jax.collapse.reference import reference_on_grid
+from celerity_jax.fileio import save_figure_atomic
 from celerity_jax.rundir import LOSS_CSV
 
 QUALITY_RANGE = (0.2, 1.0)
@@ -108,8 +109,5 @@ def plot_families(families: dict[str, FamilyComparison], path: str) -> None:
     axes[0, 0].set_ylabel("normalized loss L(t̂)/L(T)")
     axes[1, 0].set_xlim(0.1, 1.0)
     fig.tight_layout()
-    root, ext = os.path.splitext(path)
-    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
-    fig.savefig(tmp, dpi=120)
+    save_figure_atomic(fig, path, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)

@@ -23,7 +23,7 @@ import numpy as np
 from celerity_jax import markdown
 from celerity_jax.errors import ConfigError
 from celerity_jax.evaluate.results import DOWNSTREAM_DIR
-from celerity_jax.fileio import check_input_file
+from celerity_jax.fileio import check_input_file, save_figure_atomic
 
 PUBLISHED_FILE = "published_points.json"
 RESULT_NAME = re.compile(r"step_(\d+)\.json")
@@ -251,10 +251,7 @@ def plot_frontier(points: Sequence[Point], published: Published | None, fit: Fit
         handles, labels = handles + more_handles, labels + more_labels
     ax.set_title("\n".join(textwrap.fill(line, 100) for line in title), fontsize=8)
     fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=2)
-    root, ext = os.path.splitext(path)
-    tmp = f"{root}.tmp{os.getpid()}{ext}"  # keeps the extension that picks the image format
-    fig.savefig(tmp)
-    os.replace(tmp, path)
+    save_figure_atomic(fig, path)
 
 
 def frontier_table(points: Sequence[Point], fit: Fit, published: Published | None) -> str:

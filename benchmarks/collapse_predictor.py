@@ -7,13 +7,16 @@ compared with its real (smoothed) final loss: once against the nearest smaller s
 the family-aware curve extrapolated to its N. With `--leave-one-out` every size is a target in turn and
 the references are all the other sizes (the nearest in log N alone, or the family-aware curve at its N).
 `--synthetic` writes a drifting surrogate family first; `--by-tpp` evaluates each TPP's family of the CURVEs
-(e.g. the OLMo ladder's token budgets). Every table ends with the goal (family-aware error ≤ 0.5× the
-single-reference error at 10–30% of training), met or missed, with the ratios. Variants tried against the goal: `--window-start a`
-aligns over [a·f, f] instead; `--shrunk` also scores the family-aware curve with each t̂'s slope in log N
-shrunk toward 0 by its signal-to-noise, w = s²/(s² + se²) (needs 3 or more reference sizes).
+(e.g. the OLMo ladder's token budgets); `--loss-curve train,eval` evaluates each on both curves. Every table
+ends with the goal (family-aware error ≤ 0.5× the single-reference error at 10–30% of training), met or
+missed, with the ratios. Variants tried against the goal: `--window-start a` aligns over [a·f, f] instead;
+`--shrunk` also scores the family-aware curve with each t̂'s slope in log N shrunk toward 0 by its
+signal-to-noise, w = s²/(s² + se²) (needs 3 or more reference sizes); `--exact-frac` also scores both
+predictors with each point of the window aligned at its own t̂ (`predict_exact`).
 
     python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
-    python benchmarks/collapse_predictor.py runs/predictor/tpp5/*/* --leave-one-out
+    python benchmarks/collapse_predictor.py benchmarks/data/cpu-families/tpp5/*/* --leave-one-out \
+        --loss-curve train,eval
     python benchmarks/collapse_predictor.py --synthetic
     python benchmarks/collapse_predictor.py benchmarks/data/olmo-ladder/*.csv --by-tpp --leave-one-out \
         --bins 50 --smooth-bins 3
@@ -65,9 +68,21 @@ def shrunk_family_curve(refs: list, frac_G: np.ndarray, n_target: float) -> np.n
     return np.exp(mean_G + weight_G * slope_G * (math.log(n_target) - x_K.mean()))
 
 
+def predict_exact(run: Curve, ref_G: np.ndarray, upto: float, align_start: float = 0.5) -> float:
+    """predictor.predict's alignment (its window, its points) with each point at its own t̂ instead of its bin's
+    centre: log L̂_T = mean over the window's points of log L_t − log l_ref(t̂_t), l_ref interpolated linearly
+    between bin centres. The points are those of the bins predictor.predict aligns over."""
+    n_bins = len(ref_G)
+    lo, hi = predictor.window_at(upto, None, align_start)
+    centre_T = curves.bin_centers(n_bins)[np.asarray(curves.bin_index(run.frac_T, n_bins))]
+    keep_T = (run.frac_T <= upto + 1e-9) & (centre_T >= lo) & (centre_T < hi) & np.isfinite(run.loss_T)
+    ref_T = np.interp(run.frac_T[keep_T], curves.bin_centers(n_bins), np.asarray(ref_G, np.float64))
+    return float(np.exp(np.mean(np.log(run.loss_T[keep_T]) - np.log(ref_T))))
+
+
 def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int, force: bool,
              leave_one_out: bool = False, loss: str = "train", window_start: float = 0.5,
-             shrunk: bool = False) -> dict:
+             shrunk: bool = False, exact_frac: bool = False) -> dict:
     runs = [files.load_curve(p, loss=loss) for p in paths]
     by_size: dict[float, list[Curve]] = {}
     for run in runs:
@@ -100,46 +115,60 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
                 for name, ref_G in candidates.items():
                     pred = predictor.predict(run, ref_G, upto=f, align_start=window_start)
                     row[f"{name}_error"] = pred.final / true_final - 1.0
+                if exact_frac:
+                    for name in ("single", "family"):
+                        pred = predict_exact(run, candidates[name], f, window_start)
+                        row[f"{name}_exact_error"] = pred / true_final - 1.0
                 rows.append(row)
     if not rows:
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")
     # family_shrunk is scored only on targets with 3 or more references: its ratio is over those same targets
-    names = [n for n in ("single", "family", "family_shrunk") if any(f"{n}_error" in r for r in rows)]
+    names = [n for n in ("single", "family", "family_shrunk", "single_exact", "family_exact")
+             if any(f"{n}_error" in r for r in rows)]
     summary = {}
     for f in fracs:
         summary[f] = {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows
                                            if r["frac"] == f and f"{name}_error" in r])) for name in names}
-        for name in names[1:]:
+        for name in names:
+            if name.startswith("single"):
+                continue
+            base = "single_exact" if name.endswith("_exact") else "single"
             scored = [r for r in rows if r["frac"] == f and f"{name}_error" in r]
-            summary[f][f"{name}_over_single"] = summary[f][name] / float(np.mean([abs(r["single_error"])
-                                                                                  for r in scored]))
+            summary[f][f"{name}_over_{base}"] = summary[f][name] / float(np.mean([abs(r[f"{base}_error"])
+                                                                                for r in scored]))
     return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins,
-            "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start}
+            "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start,
+            "exact_frac": exact_frac}
 
 
 GOAL_RATIO = 0.5            # family-aware error ≤ 0.5× single-reference error ...
 GOAL_FRACS = (0.1, 0.3)     # ... at every seen fraction in this range
 
 
-def goal(summary: dict) -> dict:
-    """Whether the family-aware error is at most GOAL_RATIO× the single-reference error at every fraction of
-    GOAL_FRACS that was measured, with those ratios."""
-    ratios = {f: e["family_over_single"] for f, e in summary.items() if GOAL_FRACS[0] <= f <= GOAL_FRACS[1]}
+def goal(summary: dict, ratio: str = "family_over_single") -> dict:
+    """Whether the family-aware error is at most GOAL_RATIO× the single-reference error (`ratio`) at every
+    fraction of GOAL_FRACS that was measured, with those ratios."""
+    ratios = {f: e[ratio] for f, e in summary.items() if GOAL_FRACS[0] <= f <= GOAL_FRACS[1]}
     return {"met": bool(ratios) and all(r <= GOAL_RATIO for r in ratios.values()), "ratios": ratios}
 
 
 def print_table(title: str, result: dict, window_start: float) -> None:
     print(f"{title}: {len(result['sizes'])} sizes, {len({r['curve'] for r in result['rows']})} target runs; "
           f"mean |predicted / real final loss - 1|, aligned over t̂ in [{window_start:g}·f, f]")
-    names = [n for n in next(iter(result["mean_abs_error"].values())) if not n.endswith("_over_single")]
+    columns = next(iter(result["mean_abs_error"].values()))
+    names = [n for n in columns if "_over_" not in n]
+    ratios = [n for n in columns if "_over_" in n]
     print(f"{'seen f':>7s} " + " ".join(f"{n:>14s}" for n in names) + " "
-          + " ".join(f"{n + '/single':>21s}" for n in names[1:]))
+          + " ".join(f"{n.replace('_over_', '/'):>{max(21, len(n) - 4)}s}" for n in ratios))
     for f, errors in result["mean_abs_error"].items():
         print(f"{f:7.2f} " + " ".join(f"{100 * errors[n]:13.3f}%" for n in names) + " "
-              + " ".join(f"{errors[n + '_over_single']:20.2f}x" for n in names[1:]))
-    g = result["goal"]
-    print(f"goal family <= {GOAL_RATIO:g}x single at t̂ {GOAL_FRACS[0]:g}-{GOAL_FRACS[1]:g}: "
-          f"{'MET' if g['met'] else 'MISSED'} (" + ", ".join(f"{f:g}: {r:.2f}x" for f, r in g["ratios"].items()) + ")")
+              + " ".join(f"{errors[n]:{max(20, len(n) - 5)}.2f}x" for n in ratios))
+    for key, label in (("goal", "family"), ("goal_exact", "family_exact")):
+        if key in result:
+            g = result[key]
+            print(f"goal {label} <= {GOAL_RATIO:g}x single at t̂ {GOAL_FRACS[0]:g}-{GOAL_FRACS[1]:g}: "
+                  f"{'MET' if g['met'] else 'MISSED'} ("
+                  + ", ".join(f"{f:g}: {r:.2f}x" for f, r in g["ratios"].items()) + ")")
 
 
 def main() -> int:
@@ -154,12 +183,18 @@ def main() -> int:
     parser.add_argument("--smooth-bins", type=int, default=11)
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--leave-one-out", action="store_true", help="every size a target, the others references")
-    parser.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="train")
+    parser.add_argument("--loss-curve", default="train",
+                        help=f"the loss curve(s) to predict, comma-separated: {', '.join(LOSS_CSV)}")
     parser.add_argument("--window-start", type=float, default=0.5, help="align over [a·f, f] (default a = 0.5)")
     parser.add_argument("--shrunk", action="store_true", help="also score the shrunk family-aware curve")
+    parser.add_argument("--exact-frac", action="store_true",
+                        help="also score both predictors with each point aligned at its own t̂, not its bin's centre")
     parser.add_argument("--out", default="bench_out/collapse_predictor.json")
     args = parser.parse_args()
     fracs = [float(f) for f in args.fracs.split(",")]
+    losses = args.loss_curve.split(",")
+    if any(loss not in LOSS_CSV for loss in losses):
+        parser.error(f"--loss-curve {args.loss_curve!r}: give {' or '.join(LOSS_CSV)}, or both comma-separated")
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_synthetic_family(tmp) if args.synthetic else args.curves
         if not paths:
@@ -171,16 +206,22 @@ def main() -> int:
                 by_tpp.setdefault(files.load_curve(path).controls.tpp, []).append(path)
             families = {f"TPP {tpp:g}": by_tpp[tpp] for tpp in sorted(by_tpp)}
         results = {}
-        for name, family in families.items():
-            results[name] = evaluate(family, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out,
-                                     args.loss_curve, args.window_start, args.shrunk)
-            results[name]["goal"] = goal(results[name]["mean_abs_error"])
+        for family_name, family in families.items():
+            for loss in losses:
+                name = family_name if len(losses) == 1 else f"{family_name}, {loss} curve"
+                results[name] = evaluate(family, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out,
+                                         loss, args.window_start, args.shrunk, args.exact_frac)
+                results[name]["goal"] = goal(results[name]["mean_abs_error"])
+                if args.exact_frac:
+                    results[name]["goal_exact"] = goal(results[name]["mean_abs_error"],
+                                                       "family_exact_over_single_exact")
     for name, result in results.items():
         print_table(name, result, args.window_start)
     out = {"source": "synthetic drifting family" if args.synthetic else args.curves, "families": results}
     if len(results) > 1:
         out["goal_met_in"] = [name for name, r in results.items() if r["goal"]["met"]]
-        print(f"goal met in {len(out['goal_met_in'])} of {len(results)} families")
+        print(f"goal met in {len(out['goal_met_in'])} of {len(results)} "
+              + ("families" if len(losses) == 1 else "tables (family, loss curve)"))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json_atomic(args.out, out)
     print(f"wrote {args.out}")

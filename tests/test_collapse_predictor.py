@@ -117,3 +117,39 @@ def test_a_prediction_needs_the_window_started(family):
     early = dataclasses.replace(run, step_T=run.step_T[:250], loss_T=run.loss_T[:250], frac_T=run.frac_T[:250])
     assert predictor.predict(early, ref_G, window=(0.25, 0.5), min_span=0.05) is None
     assert predictor.predict(early, ref_G, window=(0.2, 0.5), min_span=0.05).seen == pytest.approx(0.25)
+
+
+def test_the_benchmark_aligns_each_point_at_its_own_frac():
+    bench = _benchmark()
+    from celerity_jax.collapse.controls import Controls
+    from celerity_jax.collapse.types import Curve
+
+    n_bins, total = 50, 1000
+    ref_G = 1.0 + 2.0 * np.exp(-8.0 * curves.bin_centers(n_bins))
+
+    def curve(step_T):
+        frac_T = step_T / total
+        loss_T = 2.5 * np.interp(frac_T, curves.bin_centers(n_bins), ref_G)
+        return Curve("c", "c", step_T, loss_T, frac_T, total, "given", Controls())
+
+    # points at the bins' centres: both alignments are the same
+    at_centres = curve(np.arange(10, total, 20))
+    binned = predictor.predict(at_centres, ref_G, upto=0.3).final
+    assert bench.predict_exact(at_centres, ref_G, 0.3) == pytest.approx(binned, rel=1e-6)
+    assert binned == pytest.approx(2.5, rel=1e-6)
+    # points off the centres on a steep curve: only the exact alignment recovers the divisor
+    off = curve(np.arange(3, total, 20))
+    assert bench.predict_exact(off, ref_G, 0.3) == pytest.approx(2.5, rel=1e-9)
+    assert abs(predictor.predict(off, ref_G, upto=0.3).final / 2.5 - 1) > 1e-3
+
+
+def test_the_cpu_families_stored_curves_give_the_recorded_results():
+    data = os.path.join(ROOT, "benchmarks", "data", "cpu-families", "tpp10")
+    paths = sorted(os.path.join(data, size, seed) for size in os.listdir(data)
+                   if os.path.isdir(os.path.join(data, size)) for seed in os.listdir(os.path.join(data, size)))
+    assert len(paths) == 6
+    with open(os.path.join(ROOT, "benchmarks", "results", "cpu", "collapse_predictor_cpu_tpp10.json")) as f:
+        recorded = json.load(f)["families"]["family, eval curve"]["mean_abs_error"]
+    result = _benchmark().evaluate(paths, [0.1, 0.2, 0.3, 0.5], N_BINS, 11, False, leave_one_out=True, loss="eval")
+    for frac, errors in result["mean_abs_error"].items():
+        assert errors == pytest.approx(recorded[str(frac)], rel=1e-5)

@@ -40,11 +40,11 @@ def test_a_step_that_cannot_fit_is_reported_not_raised(tiny_configs, tpu_slice, 
     assert report["est_step_seconds"] is None
 
 
-def test_estimate_unfit_estimates_a_step_that_does_not_fit_and_calibrates_it(tiny_configs, tpu_slice, monkeypatch):
+def test_estimate_always_estimates_a_step_that_does_not_fit_and_calibrates_it(tiny_configs, tpu_slice, monkeypatch):
     monkeypatch.setattr(accelerators, "usable_bytes", lambda chip: 1)  # nothing fits
     setting = Setting((1, 4, 1), 2, "none", False)
     assert compile_report(tiny_configs(), tpu_slice, setting)["est_step_seconds"] is None
-    report = compile_report(tiny_configs(), tpu_slice, setting, estimate_unfit=True)
+    report = compile_report(tiny_configs(), tpu_slice, setting, estimates="always")
     assert not report["fits"] and report["est_step_seconds"] > 0
     cal = report["calibrated"]
     assert cal["ratio"] == pytest.approx(calibration.ratio(report["chip"], calibration.load()["fit"]))

@@ -48,3 +48,12 @@ def test_an_unwritable_directory_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="--cache-dir: cannot create"):
         check_writable(str(tmp_path / "file" / "sub"), "--cache-dir")
+
+
+def test_a_best_so_far_that_only_the_model_sized_says_so_with_its_gin_line():
+    row = {"mesh_shape": [1, 4, 1], "microbatches": 2, "remat": "none", "scan_layers": True, "fits": None,
+           "by_model": "fits", "model_bytes": 2.5e9, "bytes_per_chip": None, "est_step_seconds": 0.25,
+           "est_mfu": 0.5, "estimate_note": "estimates"}
+    text = format_report(row)
+    assert "2.5 GB per chip by the footprint model" in text and "celerity compile" in text
+    assert 'gin       --gin-param "TrainConfig.mesh_shape = (1, 4, 1)"' in text and "0.250 s/step" in text

@@ -1,10 +1,14 @@
 """`celerity compile` on the command line: text, JSON and one-line errors."""
 
 import json
+import signal
 import subprocess
 import sys
 
 import pytest
+
+from celerity_jax.train.interrupts import EXIT_CODE
+from conftest import _CELERITY
 
 
 @pytest.fixture
@@ -59,3 +63,28 @@ def test_cli_states_the_dims_the_mesh_does_not_split(tmp_path, tpu_slice, celeri
     assert out.returncode == 0 and setting.endswith(
         "; kept whole, the mesh axis does not divide them: embed dim 0 (257) over tensor (4), "
         "unembed dim 1 (257) over tensor (4)")
+
+
+def test_cli_budget_and_jobs_belong_to_search(tpu_slice, celerity_compile):
+    out = celerity_compile("--topology", tpu_slice, "--budget", "1")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--search" in out.stderr
+    out = celerity_compile("--topology", tpu_slice, "--search", "--jobs", "0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--jobs" in out.stderr
+
+
+def test_ctrl_c_stops_a_search_with_the_best_so_far_and_keeps_the_cache(tmp_path, tpu_slice, tiny_gin, repo_root):
+    cache = tmp_path / "cache"
+    gin = [arg for path in tiny_gin for arg in ("--gin-file", path)]
+    proc = subprocess.Popen([sys.executable, "-c", _CELERITY, "compile", *gin, "--topology", tpu_slice, "--search",
+                             "--jobs", "2", "--cache-dir", str(cache)], cwd=repo_root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # the first estimate, then Ctrl-C
+        lines.append(line)
+        if " est " in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out = "".join(lines) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == EXIT_CODE, out
+    assert "STOPPED EARLY (Ctrl-C)" in out and "best so far: mesh" in out and "Traceback" not in out
+    assert list(cache.iterdir())  # the compiles finished so far are kept

@@ -66,20 +66,22 @@ def without_persistent_cache():
 
 
 def compile_report(configs, topology: str, setting: Setting | None = None, *, cache: Cache = Cache(None),
-                   estimate_unfit: bool = False) -> dict:
+                   estimates: str = "fits") -> dict:
     """Compiles the train step of `configs` (with `setting`, default: the configs' own) for the slice `topology`.
 
     Raises ConfigError when the setting cannot be built (mesh, batch split) or XLA fails for another reason; a
-    step that does not fit is reported with fits False, and without estimates unless `estimate_unfit` (the
-    estimate is assembled from loop-free pieces, `aot.estimate`, which compile whether or not the step fits)."""
+    step that does not fit is reported with fits False. XLA's step-time estimate is made when the step fits
+    (`estimates` "fits"), always ("always": it is assembled from loop-free pieces, `aot.estimate`, which compile
+    whether or not the step fits), never ("never": memory and fit only), or without compiling the step ("only":
+    fits and the memory are then None)."""
     with without_persistent_cache():
         try:
-            return _compile_report(configs, topology, setting or Setting.of(configs), cache, estimate_unfit)
+            return _compile_report(configs, topology, setting or Setting.of(configs), cache, estimates)
         except jax.errors.JaxRuntimeError as e:
             raise ConfigError(f"XLA could not compile the step for {topology}: {' '.join(str(e).split())[:300]}") from None
 
 
-def _compile_report(configs, topology: str, setting: Setting, cache: Cache, estimate_unfit: bool) -> dict:
+def _compile_report(configs, topology: str, setting: Setting, cache: Cache, estimates: str) -> dict:
     slice_, devices = slice_devices(topology)
     run = apply_setting(configs, setting, slice_.chip.platform)
     plan = recipe.make_plan(run.model, run.recipe)
@@ -88,15 +90,19 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache, esti
     sharding.check_batch_divisible(plan.batch_seqs, mesh, setting.microbatches)
     build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=setting.microbatches,
                                 z_loss=run.train.z_loss, seed=run.train.seed)
-    lowered = build.lower(plan.batch_seqs, plan.seq_len)
-    step = cache("step", lowered, slice_.target, lambda: _compile_step(lowered))
+    if estimates == "only":
+        step = {"bytes_per_chip": None, "error": None, "compile_seconds": None}
+    else:
+        lowered = build.lower(plan.batch_seqs, plan.seq_len)
+        step = cache("step", lowered, slice_.target, lambda: _compile_step(lowered))
     usable = accelerators.usable_bytes(slice_.chip)
     model_flops = plan.flops_per_token * plan.batch_tokens
     report = {
         "topology": slice_.name, "chip": slice_.chip.name, "chips": slice_.chips, **build.setting(plan),
         "batch_seqs": plan.batch_seqs, "steps": plan.steps,
         "hbm_bytes_per_chip": slice_.chip.hbm_bytes, "usable_bytes_per_chip": usable,
-        "bytes_per_chip": step["bytes_per_chip"], "fits": step["error"] is None and step["bytes_per_chip"] <= usable,
+        "bytes_per_chip": step["bytes_per_chip"],
+        "fits": None if estimates == "only" else step["error"] is None and step["bytes_per_chip"] <= usable,
         "headroom": 1.0 - step["bytes_per_chip"] / usable if step["bytes_per_chip"] else None,
         "compile_seconds": step["compile_seconds"],
         "error": step["error"], "model_flops_per_step": model_flops,
@@ -104,10 +110,37 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache, esti
         "est_days": None, "est_chip_hours": None, "estimate_note": ESTIMATE_NOTE,
         "gin_params": setting.gin_params(),
     }
-    if report["fits"] or estimate_unfit:
+    if estimates in ("always", "only") or (estimates == "fits" and report["fits"]):
         report.update(_estimates(run, plan, build, mesh, slice_, cache, model_flops))
     report["calibrated"] = calibration.expected(report)
     return report
+
+
+def estimate_pieces(configs, topology: str, setting: Setting) -> list[tuple]:
+    """The loop-free compiles behind the setting's step-time estimate: ("update",) and ("gradient", n_layers,
+    loss_unroll) each; `compile_piece` compiles one into the cache, so that they can run side by side."""
+    slice_, devices = slice_devices(topology)
+    run = apply_setting(configs, setting, slice_.chip.platform)
+    plan = recipe.make_plan(run.model, run.recipe)
+    mesh = sharding.make_mesh(tuple(setting.mesh_shape), devices=devices)
+    return [("update",)] + [("gradient", *piece) for piece in estimate.gradient_pieces(
+        run.model, plan.batch_seqs // setting.microbatches, plan.seq_len, mesh)]
+
+
+def compile_piece(configs, topology: str, setting: Setting, piece: tuple, cache: Cache) -> None:
+    """Compiles one of `estimate_pieces` into `cache`."""
+    slice_, devices = slice_devices(topology)
+    run = apply_setting(configs, setting, slice_.chip.platform)
+    plan = recipe.make_plan(run.model, run.recipe)
+    mesh = sharding.make_mesh(tuple(setting.mesh_shape), devices=devices)
+    with without_persistent_cache():
+        if piece[0] == "update":
+            build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=setting.microbatches,
+                                        z_loss=run.train.z_loss, seed=run.train.seed)
+            estimate.update_cost(build, plan, mesh, cache, slice_.target)
+        else:
+            estimate.gradient_piece(run.model, plan.batch_seqs // setting.microbatches, plan.seq_len, mesh,
+                                    run.train.z_loss, cache, slice_.target, *piece[1:])
 
 
 def _compile_step(lowered) -> dict:

@@ -55,30 +55,42 @@ def combine(*terms: tuple[float, dict[str, float]]) -> dict[str, float]:
     return {k: sum(w * c[k] for w, c in terms) for k in COST_KEYS}
 
 
+def gradient_pieces(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh) -> list[tuple[int, int]]:
+    """(n_layers, loss_unroll) of each loop-free gradient compile `gradient_cost` needs."""
+    return [(1, 1), (2, 1)] + ([(1, 2)] if _loss_chunks(model_cfg, micro_seqs, seq_len, mesh) > 1 else [])
+
+
+def gradient_piece(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, cache: Cache,
+                   target: str, n_layers: int, loss_unroll: int) -> dict[str, float] | None:
+    """Per-chip cost of the gradient of one microbatch at depth `n_layers`, layers unrolled, `loss_unroll` loss
+    chunks per iteration of its loop."""
+    cfg = dataclasses.replace(model_cfg, n_layers=n_layers, scan_layers=False)
+    lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss, loss_unroll)
+    return cache("gradient", lowered, target, lambda: costs(lowered.compile()))
+
+
 def gradient_cost(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, cache: Cache,
                   target: str) -> dict[str, float] | None:
     """Per-chip cost of the gradient of one microbatch of `micro_seqs` sequences, at the model's full depth, on
     `mesh` (whose devices `target` names)."""
-    def at(n_layers: int, loss_unroll: int = 1):
-        cfg = dataclasses.replace(model_cfg, n_layers=n_layers, scan_layers=False)
-        lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss, loss_unroll)
-        return cache("gradient", lowered, target, lambda: costs(lowered.compile()))
-
-    one, two = at(1), at(2)
-    if one is None or two is None:
+    pieces = {piece: gradient_piece(model_cfg, micro_seqs, seq_len, mesh, z_loss, cache, target, *piece)
+              for piece in gradient_pieces(model_cfg, micro_seqs, seq_len, mesh)}
+    if None in pieces.values():
         return None
+    one, two = pieces[(1, 1)], pieces[(2, 1)]
     total = combine((1.0, one), (model_cfg.n_layers - 1, two), (1 - model_cfg.n_layers, one))
-    chunks = seq_len // loss.logits_chunk_len(model_cfg.logits_chunk_len, sharding.local_batch(micro_seqs, mesh),
-                                              seq_len, model_cfg.vocab_size)
+    chunks = _loss_chunks(model_cfg, micro_seqs, seq_len, mesh)
     if chunks == 1:
         return total
     # The loop over loss chunks, counted once, runs `chunks` times. With two chunks per iteration its body counts
     # twice, plus once more for the leftover chunk of an odd count.
-    paired = at(1, loss_unroll=2)
-    if paired is None:
-        return None
-    per_chunk = combine((1.0 / (1 + chunks % 2), paired), (-1.0 / (1 + chunks % 2), one))
+    per_chunk = combine((1.0 / (1 + chunks % 2), pieces[(1, 2)]), (-1.0 / (1 + chunks % 2), one))
     return combine((1.0, total), (chunks - 1, per_chunk))
+
+
+def _loss_chunks(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh) -> int:
+    return seq_len // loss.logits_chunk_len(model_cfg.logits_chunk_len, sharding.local_batch(micro_seqs, mesh),
+                                            seq_len, model_cfg.vocab_size)
 
 
 def _lower_gradient(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, loss_unroll: int = 1):

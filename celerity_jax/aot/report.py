@@ -2,6 +2,7 @@
 
 import os
 
+from celerity_jax.aot.compile import Setting
 from celerity_jax.errors import ConfigError
 from celerity_jax.train.memory import fix_hint
 from celerity_jax.train.step import setting_line
@@ -37,6 +38,8 @@ def format_report(report: dict) -> str:
     """A compile report (`aot.compile.compile_report`, or a search's best) as aligned lines."""
     if "mesh_shape" not in report:
         return f"nothing fits: {report['error']}"
+    if report.get("by_model"):
+        return _uncompiled(report)
     lines = [f"setting   {setting_line(report)}"]
     gb = report["bytes_per_chip"] / 1e9 if report["bytes_per_chip"] else float("nan")
     verdict = (f"fits, {report['headroom']:.0%} headroom" if report["fits"] else
@@ -56,4 +59,18 @@ def format_report(report: dict) -> str:
     else:
         data_shards = report["mesh_shape"][0] * report["mesh_shape"][1]
         lines.append("fix       " + fix_hint(report["microbatches"], report["batch_seqs"], data_shards, report["remat"]))
+    return "\n".join(lines)
+
+
+def _uncompiled(report: dict) -> str:
+    """A search's best so far that only the footprint model has sized: the search stopped before compiling it."""
+    setting = Setting(tuple(report["mesh_shape"]), report["microbatches"], report["remat"], report["scan_layers"])
+    lines = [f"setting   mesh (data, fsdp, tensor) {setting.mesh_shape}, {setting.microbatches} microbatches, "
+             f"remat {setting.remat}, scan_layers {setting.scan_layers}",
+             f"memory    {report['model_bytes'] / 1e9:.1f} GB per chip by the footprint model; the search stopped "
+             "before XLA compiled this step: run `celerity compile` with the gin line below to check it"]
+    if report.get("est_step_seconds"):
+        lines.append(f"estimate* {report['est_step_seconds']:.3f} s/step, MFU {report['est_mfu']:.1%}")
+        lines.append(f"*         {report['estimate_note']}")
+    lines.append("gin       " + " ".join(f'--gin-param "{p}"' for p in setting.gin_params()))
     return "\n".join(lines)

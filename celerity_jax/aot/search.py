@@ -1,26 +1,52 @@
 """`celerity compile --search`: the setting with the best estimated step time that fits with headroom.
 
-For each mesh (all fsdp; all data; fsdp × tensor 2 and 4 where the heads split), starting from one sequence
-per data shard and no remat: a microbatch that fits is followed by one twice as large, for as long as the
-estimate improves; one that does not fit is retried with more remat (none, dots, full). So at most
-(microbatch sizes + remat levels) compiles per mesh. Meshes whose optimizer state alone cannot fit, and
-batches that do not split over a mesh, are not compiled. The search compiles with scan_layers (fast to
-compile at any depth). The estimate does not depend on scanning (see `estimate`), so the chosen setting is
-also compiled unrolled and kept unrolled when that needs less memory.
+The settings are the candidate meshes (all fsdp; all data; fsdp × tensor 2 and 4 where the heads split) ×
+microbatch sizes (sequences per data shard: the powers of two that divide the shard's batch, and all of it) ×
+remat (none, dots, full). Two assumptions order them: on one mesh, a larger microbatch is never slower (fewer
+passes over the weights), and more remat is never faster (more recompute). So for each mesh and remat only the
+largest microbatch that fits can win, and only when it is larger than the largest that fits with less remat.
+
+For each mesh, remat by remat, from the largest microbatch the footprint model (`aot.footprint`) says may fit:
+1. where the model is sure, it decides (`_MeshWalk`); elsewhere the step is compiled for its memory, and the
+   model is scaled by XLA's bytes over its own from then on;
+2. a size that fits is followed by the next size up, one that does not by the next size down;
+3. the largest that fits gets XLA's step-time estimate (`aot.estimate`: loop-free pieces, compiled side by side).
+The leading estimate's step is compiled (if it was not) before it wins, so the chosen setting's memory is XLA's.
+Meshes whose optimizer state alone cannot fit, and batches that do not split over a mesh, are not compiled.
+Compiles run in `jobs` processes; the search stops at `budget_seconds` or at Ctrl-C with the best setting found
+so far. The steps compile with scan_layers, fast at any depth; the estimate does not depend on it.
 """
 
+import collections
+import dataclasses
+import heapq
+import itertools
+import multiprocessing
+import queue
+import signal
+import time
+
 from celerity_jax import recipe
+from celerity_jax.aot import footprint
 from celerity_jax.aot.cache import Cache
-from celerity_jax.aot.compile import Setting, compile_report, slice_devices
+from celerity_jax.aot.compile import (Setting, apply_setting, compile_piece, compile_report, estimate_pieces,
+                                       slice_devices)
+from celerity_jax.errors import ConfigError
+from celerity_jax.model import sharding
 from celerity_jax.model.config import REMATS
+from celerity_jax.train import step as step_lib
 
 MIN_HEADROOM = 0.10
-SAME_ESTIMATE = 0.01  # the estimates of the scanned and unrolled compiles differ by rounding only
 STATE_BYTES_PER_PARAM = 16  # float32 params, gradients and two Adam moments
+# The footprint model has been within these factors of XLA's bytes on the Celerity configs
+# (docs/results/compile.md): a size it puts under limit / SURE_FITS fits, one over SLACK × limit does not; a size
+# in between is compiled. A setting the model alone says fits is compiled when it leads, before it is chosen.
+SURE_FITS = 1.6
+SLACK = 1.2
 
 
 def usable(report: dict) -> bool:
-    return report["fits"] and report["headroom"] >= MIN_HEADROOM
+    return bool(report.get("fits")) and (report.get("headroom") or 0) >= MIN_HEADROOM
 
 
 def candidate_meshes(chips: int, n_heads: int) -> list[tuple[int, int, int]]:
@@ -35,76 +61,330 @@ def microbatch_seqs(per_shard: int) -> list[int]:
     return sizes + [per_shard]
 
 
-def _rank(report: dict):
+def rank(report: dict):
     """Best first: estimated step time, then fewer microbatches and less remat (when no estimate), then bytes."""
-    est = report["est_step_seconds"]
+    est = report.get("est_step_seconds")
     return (est if est is not None else float("inf"), report["microbatches"], REMATS.index(report["remat"]),
-            report["bytes_per_chip"])
+            report["bytes_per_chip"] or float("inf"))
 
 
-def _skipped(setting: Setting, reason: str) -> dict:
+@dataclasses.dataclass
+class Search:
+    best: dict | None
+    tried: list[dict]
+    stopped: str | None  # None, "budget" or "interrupted"
+    seconds: float
+    compiles: int
+
+
+def _skipped(setting: Setting, reason: str, model_bytes: float | None = None) -> dict:
     return {"mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
             "scan_layers": setting.scan_layers, "fits": False, "skipped": reason, "bytes_per_chip": None,
-            "headroom": None, "est_step_seconds": None, "est_mfu": None}
+            "model_bytes": model_bytes, "headroom": None, "est_step_seconds": None, "est_mfu": None}
 
 
-def search(configs, topology: str, *, cache: Cache = Cache(None), try_unrolled: bool = True, meshes=None,
-           log=print) -> tuple[dict | None, list[dict]]:
-    """(the chosen report or None, every report tried); `try_unrolled` False skips the unrolled compile; `meshes`
-    replaces the candidate meshes."""
-    slice_, _ = slice_devices(topology)
+class _MeshWalk:
+    """The walk over one mesh's (remat, microbatch size) settings. A size is decided by the footprint model,
+    scaled by XLA's bytes over its own at the last compile of this mesh and remat, where the model is sure (fits
+    even when SURE_FITS × more; does not fit even at SLACK × less); otherwise its step is compiled."""
+
+    def __init__(self, configs, mesh_shape, plan, slice_, devices):
+        self.configs, self.mesh_shape, self.plan = configs, tuple(mesh_shape), plan
+        self.platform = slice_.chip.platform
+        self.limit = (1 - MIN_HEADROOM) * slice_.chip.hbm_bytes
+        self.mesh = sharding.make_mesh(self.mesh_shape, devices=devices)
+        self.per_shard = plan.batch_seqs // sharding.data_shards(self.mesh)
+        self.sizes = microbatch_seqs(self.per_shard)
+        run = apply_setting(configs, Setting(self.mesh_shape, 2, "none", True), self.platform)
+        build = step_lib.build_step(run.model, plan, run.monitor, self.mesh, microbatches=2,
+                                    z_loss=run.train.z_loss, seed=run.train.seed)
+        self.state = footprint.state_bytes(build)
+        self.remats = collections.deque(REMATS)
+        self.floor = -1  # index of the largest size that fits with less remat
+        self.ratio = 1.0  # XLA's bytes over the model's, at the last compile of this mesh and remat
+        self.fit: dict[int, dict] = {}  # index -> the row of a size that fits, this remat
+        self.decided: set[int] = set()
+        self.rows: list[dict] = []  # decided by the model, to be logged
+        self.settled: list[dict] = []  # the largest fitting size of each remat, to be estimated
+        self.compile_index = self._walk(self._first_index())
+
+    def setting(self, index: int) -> Setting:
+        return Setting(self.mesh_shape, self.per_shard // self.sizes[index], self.remats[0], True)
+
+    def model_bytes(self, index: int) -> float:
+        run = apply_setting(self.configs, self.setting(index), self.platform)
+        return footprint.footprint(run.model, self.mesh, microbatches=self.per_shard // self.sizes[index],
+                                   micro_seqs=self.plan.batch_seqs * self.sizes[index] // self.per_shard,
+                                   seq_len=self.plan.seq_len, state=self.state).total
+
+    def _verdict(self, index: int) -> str:
+        scaled = self.model_bytes(index) * self.ratio
+        return "fits" if scaled * SURE_FITS <= self.limit else "no" if scaled > SLACK * self.limit else "compile"
+
+    def _first_index(self) -> int | None:
+        above = range(self.floor + 1, len(self.sizes))
+        maybe = [i for i in above if self._verdict(i) != "no"]
+        return maybe[-1] if maybe else (above[0] if above else None)
+
+    def _walk(self, index: int | None) -> int | None:
+        """Decides sizes by the model from `index` on, remat by remat; the next size to compile, or None when the
+        mesh is done."""
+        while self.remats:
+            if index is None:
+                self._settle()
+                index = self._first_index() if self.remats else None
+                continue
+            verdict = self._verdict(index)
+            if verdict == "compile":
+                return index
+            self.decided.add(index)
+            row = dict(_skipped(self.setting(index), ""), model_bytes=self.model_bytes(index))
+            del row["skipped"]
+            row["by_model"] = verdict
+            self.rows.append(row)
+            index = self._next(index, verdict == "fits", row)
+        return None
+
+    def _next(self, index: int, fits: bool, row: dict) -> int | None:
+        if fits:
+            self.fit[index] = row
+            up = index + 1
+            return up if up < len(self.sizes) and up not in self.decided else None
+        down = index - 1
+        return down if down > self.floor and down not in self.decided and down not in self.fit else None
+
+    def _settle(self):
+        if self.fit:
+            self.floor = max(self.fit)
+            self.settled.append(self.fit[self.floor])
+        self.remats.popleft()
+        self.fit, self.decided, self.ratio = {}, set(), 1.0
+
+    def record(self, index: int, report: dict):
+        """Takes the step compile at `index` and walks on."""
+        self.decided.add(index)
+        report["model_bytes"] = self.model_bytes(index)
+        if report.get("bytes_per_chip"):
+            self.ratio = report["bytes_per_chip"] / report["model_bytes"]
+        self.compile_index = self._walk(self._next(index, usable(report), report))
+
+
+def _run(task):
+    """One compile, in a worker: ("step" | "estimate" | "estimate only", configs, topology, setting, cache_dir)
+    -> its report (the step's memory; with the estimate; the estimate without compiling the step);
+    ("piece", configs, topology, setting, cache_dir, piece) -> None, the piece in the cache."""
+    kind, configs, topology, setting, cache_dir, *piece = task
+    try:
+        if kind == "piece":
+            return compile_piece(configs, topology, setting, piece[0], Cache(cache_dir))
+        estimates = {"step": "never", "estimate": "fits", "estimate only": "only"}[kind]
+        return compile_report(configs, topology, setting, cache=Cache(cache_dir), estimates=estimates)
+    except ConfigError as e:
+        return dict(_skipped(setting, str(e)), error=str(e))
+
+
+def _start_worker():
+    import jax
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    jax.config.update("jax_platforms", "cpu")
+
+
+class _Compiler:
+    """Compiles, in this process (jobs 1) or in a pool of `jobs` processes; finished ones in a queue. A compile is
+    handed to a worker only when one is free, the most urgent first: the step compiles that decide the walk, then
+    the short ones that finish an estimate, then the estimates' pieces."""
+
+    URGENCY = {"step": 0, "check": 1, "estimate": 1, "piece": 2}
+
+    def __init__(self, jobs: int):
+        self.results = queue.Queue()
+        self.waiting: list[tuple[int, int, tuple, tuple]] = []
+        self.jobs, self.in_flight, self.running, self.order = jobs, 0, 0, itertools.count()
+        self.pool = (multiprocessing.get_context("spawn").Pool(jobs, initializer=_start_worker) if jobs > 1
+                     else None)
+
+    def submit(self, tag, task):
+        self.running += 1
+        heapq.heappush(self.waiting, (self.URGENCY[tag[0]], next(self.order), tag, task))
+        self._fill()
+
+    def _fill(self):
+        while self.pool is not None and self.waiting and self.in_flight < self.jobs:
+            _, _, tag, task = heapq.heappop(self.waiting)
+            self.in_flight += 1
+            self.pool.apply_async(_run, (task,), callback=lambda r, tag=tag: self.results.put((tag, r)),
+                                  error_callback=lambda e, tag=tag, task=task: self.results.put((tag, dict(
+                                      _skipped(task[3], f"the compile failed: {e}"), error=str(e)))))
+
+    def next(self, timeout: float | None):
+        """(tag, result) of a finished compile; queue.Empty after `timeout` seconds."""
+        if self.pool is None and self.results.empty():
+            _, _, tag, task = heapq.heappop(self.waiting)
+            self.results.put((tag, _run(task)))
+        tag, result = self.results.get(timeout=timeout)
+        self.running -= 1
+        if self.pool is not None:
+            self.in_flight -= 1
+            self._fill()
+        return tag, result
+
+    def close(self, stop: bool):
+        if self.pool is not None:
+            (self.pool.terminate if stop else self.pool.close)()
+            self.pool.join()
+
+
+def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, jobs: int = 1,
+           budget_seconds: float | None = None, log=print) -> Search:
+    """The chosen report (None when nothing fits), every report tried, and how the search ended; `meshes`
+    replaces the candidate meshes. With a cache directory, the pieces of each estimate compile side by side."""
+    start = time.monotonic()
+    slice_, devices = slice_devices(topology)
     plan = recipe.make_plan(configs.model, configs.recipe)
-    tried = []
+    tried, walks, estimated = [], {}, []
+    pieces_left: dict[Setting, int] = {}
+    updates = set()  # meshes whose update is compiled or on its way: one serves every setting of a mesh
+    checking = set()
+    compiler = _Compiler(jobs)
+    done = 0
 
-    def attempt(setting: Setting) -> dict:
-        report = compile_report(configs, topology, setting, cache=cache)
-        tried.append(report)
-        log(format_row(report))
-        return report
+    def note(report: dict):
+        seconds = int(time.monotonic() - start)
+        left = compiler.running + sum(w.compile_index is not None for w in walks.values())
+        log(f"{format_row(report)}  [{done} compiled, {left} or more to go, {seconds // 60}m{seconds % 60:02d}s]")
 
-    for mesh in meshes or candidate_meshes(slice_.chips, configs.model.n_heads):
-        shards = mesh[0] * mesh[1]
-        state_bytes = plan.n_params * STATE_BYTES_PER_PARAM / (mesh[1] * mesh[2])
-        if plan.batch_seqs % shards:
-            tried.append(_skipped(Setting(mesh, 1, "none", True), f"the batch of {plan.batch_seqs} does not split "
-                                  f"over {shards} data shards"))
-            continue
-        if state_bytes > (1 - MIN_HEADROOM) * slice_.chip.hbm_bytes:
-            tried.append(_skipped(Setting(mesh, 1, "none", True), f"the optimizer state alone needs "
-                                  f"{state_bytes / 1e9:.0f} GB per chip"))
-            continue
-        per_shard = plan.batch_seqs // shards
-        sizes, remats = microbatch_seqs(per_shard), iter(REMATS)
-        remat, best_here, i = next(remats), None, 0
-        while i < len(sizes) and remat:
-            report = attempt(Setting(mesh, per_shard // sizes[i], remat, True))
-            if not usable(report):
-                remat = next(remats, None)  # the same microbatch with more remat
-            elif best_here and _rank(report) >= _rank(best_here):
-                break  # larger microbatches stopped paying
+    def advance(walk: _MeshWalk):
+        for row in walk.rows:
+            tried.append(row)
+            note(row)
+        for row in walk.settled:
+            estimate(_setting(row))
+        walk.rows, walk.settled = [], []
+        if walk.compile_index is not None:
+            index, walk.compile_index = walk.compile_index, None
+            compiler.submit(("step", walk.mesh_shape, index),
+                            ("step", configs, topology, walk.setting(index), cache.directory))
+
+    def estimate(setting: Setting):
+        pieces = estimate_pieces(configs, topology, setting) if cache.directory else []
+        pieces = [p for p in pieces if p != ("update",) or setting.mesh_shape not in updates]
+        updates.add(setting.mesh_shape)
+        pieces_left[setting] = len(pieces)
+        for piece in pieces:
+            compiler.submit(("piece", setting), ("piece", configs, topology, setting, cache.directory, piece))
+        if not pieces:
+            assemble(setting)
+
+    def assemble(setting: Setting):
+        row = _row(tried, setting)
+        kind = "estimate" if row.get("by_model") is None else "estimate only"
+        compiler.submit(("estimate", setting), (kind, configs, topology, setting, cache.directory))
+
+    stopped = None
+    try:
+        for mesh_shape in meshes or candidate_meshes(slice_.chips, configs.model.n_heads):
+            shards, model_chips = mesh_shape[0] * mesh_shape[1], mesh_shape[1] * mesh_shape[2]
+            state_bytes = plan.n_params * STATE_BYTES_PER_PARAM / model_chips
+            if plan.batch_seqs % shards:
+                tried.append(_skipped(Setting(mesh_shape, 1, "none", True), f"the batch of {plan.batch_seqs} "
+                                      f"does not split over {shards} data shards"))
+            elif state_bytes > (1 - MIN_HEADROOM) * slice_.chip.hbm_bytes:
+                tried.append(_skipped(Setting(mesh_shape, 1, "none", True), f"the optimizer state alone needs "
+                                      f"{state_bytes / 1e9:.0f} GB per chip"))
             else:
-                best_here, i = report, i + 1
-    fitting = sorted((r for r in tried if "skipped" not in r and usable(r)), key=_rank)
-    if not fitting:
-        return None, tried
-    best = fitting[0]
-    if not try_unrolled:
-        return best, tried
-    unrolled = attempt(Setting(tuple(best["mesh_shape"]), best["microbatches"], best["remat"], False))
-    same_estimate = (unrolled["est_step_seconds"] or 0) <= (1 + SAME_ESTIMATE) * (best["est_step_seconds"] or 0)
-    if usable(unrolled) and same_estimate and unrolled["bytes_per_chip"] < best["bytes_per_chip"]:
-        best = unrolled
-    return best, tried
+                walks[tuple(mesh_shape)] = walk = _MeshWalk(configs, mesh_shape, plan, slice_, devices)
+                advance(walk)
+        while compiler.running:
+            left = None if budget_seconds is None else budget_seconds - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                raise TimeoutError
+            try:
+                tag, result = compiler.next(timeout=left)
+            except queue.Empty:
+                raise TimeoutError from None
+            done += 1
+            if tag[0] == "step":
+                tried.append(result)
+                walk = walks[tag[1]]
+                walk.record(tag[2], result)
+                note(result)
+                advance(walk)
+            elif tag[0] == "piece":
+                pieces_left[tag[1]] -= 1
+                if not pieces_left[tag[1]]:  # every piece is cached: the estimate only assembles them
+                    assemble(tag[1])
+            else:  # an estimate, or the check of a setting the model said fits: one row, updated
+                done -= tag[0] == "estimate"  # the estimate compiles nothing of its own
+                row = _row(tried, tag[1])
+                if tag[0] == "check":
+                    row.pop("by_model")
+                row.update({k: v for k, v in result.items() if k not in ("fits", "bytes_per_chip", "headroom")
+                            or row.get("by_model") is None})
+                note(row)
+                if row.get("est_step_seconds") and (usable(row) or row.get("by_model") == "fits"):
+                    estimated.append(row)
+                elif row in estimated:
+                    estimated.remove(row)
+            best = min(estimated, key=rank) if estimated else None
+            if best and best.get("by_model") and _setting(best) not in checking:
+                # the leader's memory is checked by XLA as soon as it leads: the winner's is XLA's
+                checking.add(_setting(best))
+                compiler.submit(("check", _setting(best)), ("estimate", configs, topology, _setting(best),
+                                                            cache.directory))
+    except TimeoutError:
+        stopped = "budget"
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    finally:
+        compiler.close(stop=stopped is not None)
+    return Search(best=_best(estimated, tried), tried=tried, stopped=stopped,
+                  seconds=round(time.monotonic() - start, 1), compiles=done)
+
+
+def _setting(row: dict) -> Setting:
+    return Setting(tuple(row["mesh_shape"]), row["microbatches"], row["remat"], row["scan_layers"])
+
+
+def _row(tried: list[dict], setting: Setting) -> dict:
+    """The row of `setting` (its step compile, or the model's verdict)."""
+    return next(r for r in tried if "skipped" not in r and _setting(r) == setting)
+
+
+def _same_setting(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("mesh_shape", "microbatches", "remat", "scan_layers"))
+
+
+def _best(estimated: list[dict], tried: list[dict]) -> dict | None:
+    """The best estimate; without one (a search stopped early), the best setting that fits, by XLA or the model."""
+    if estimated:
+        return min(estimated, key=rank)
+    fitting = [r for r in tried if "skipped" not in r and (usable(r) or r.get("by_model") == "fits")]
+    return min(fitting, key=rank) if fitting else None
+
+
+def search_summary(found: Search) -> str:
+    """The search's last line: how it ended, its compiles and time, and the setting it chose."""
+    how = {None: "searched", "budget": "STOPPED EARLY at the budget", "interrupted": "STOPPED EARLY (Ctrl-C)"}
+    chosen = (f"best so far: {format_row(found.best)}" if found.stopped and found.best else
+              f"chose: {format_row(found.best)}" if found.best else "nothing fits")
+    return (f"{how[found.stopped]}: {found.compiles} programs compiled or read from the cache in "
+            f"{found.seconds:.0f} s; {chosen}")
 
 
 def format_row(report: dict) -> str:
-    """One line of the search's progress / table."""
+    """One line of the search's progress / table: XLA's GB (and the footprint model's), or the model's alone where
+    it decided without a compile."""
     setting = (f"mesh {tuple(report['mesh_shape'])} micro {report['microbatches']:>3} remat {report['remat']:<4} "
                f"scan {'y' if report['scan_layers'] else 'n'}")
     if "skipped" in report:
         return f"{setting}  skipped: {report['skipped']}"
-    gb = f"{report['bytes_per_chip'] / 1e9:7.1f} GB" if report["bytes_per_chip"] else "      ? GB"
-    fit = "fits" if usable(report) else ("tight" if report["fits"] else "OOM ")
     est = (f"  est {report['est_step_seconds']:.3f} s/step, MFU {report['est_mfu']:.0%}"
            if report.get("est_step_seconds") else "")
-    return f"{setting}  {fit} {gb}{est}"
+    if report.get("by_model"):
+        verdict = "fits" if report["by_model"] == "fits" else "OOM "
+        return f"{setting}  {verdict} {report['model_bytes'] / 1e9:7.1f} GB by the footprint model{est}"
+    model = f" (model {report['model_bytes'] / 1e9:.1f})" if report.get("model_bytes") else ""
+    gb = f"{report['bytes_per_chip'] / 1e9:7.1f} GB" if report["bytes_per_chip"] else "      ? GB"
+    fit = "fits" if usable(report) else ("tight" if report["fits"] else "OOM ")
+    return f"{setting}  {fit} {gb}{model}{est}"

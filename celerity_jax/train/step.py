@@ -43,7 +43,8 @@ def state_shardings(abstract_state: TrainState, mesh, optimizer: optax.GradientT
                       bad_steps=rep, first_bad_step=rep)
 
 
-def _loss_fn(model_cfg: ModelConfig, z_loss: float, loss_unroll: int = 1):
+def make_loss(model_cfg: ModelConfig, z_loss: float, loss_unroll: int = 1):
+    """(params, batch) -> (the loss to differentiate, the cross-entropy)."""
     def loss_fn(params, batch):
         total, aux = transformer.next_token_loss(model_cfg, params, batch["inputs"], batch["targets"], z_loss=z_loss,
                                                  loss_unroll=loss_unroll)
@@ -124,7 +125,7 @@ def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float, 
     """(params, batch) -> (mean gradient, mean cross-entropy) over `microbatches` slices of the batch.
     loss_unroll: loss chunks per iteration of the loop over them (`transformer.next_token_loss`), for XLA's cost
     analysis."""
-    loss_fn = _loss_fn(model_cfg, z_loss, loss_unroll)
+    loss_fn = make_loss(model_cfg, z_loss, loss_unroll)
     return lambda params, batch: _grads(loss_fn, params, batch, microbatches)
 
 
@@ -218,6 +219,6 @@ def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> Train
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:
     """(params, batch) -> mean cross-entropy."""
-    loss_fn = _loss_fn(model_cfg, 0.0)
+    loss_fn = make_loss(model_cfg, 0.0)
     return jax.jit(lambda params, batch: loss_fn(params, batch)[1],
                    in_shardings=(param_shardings, batch_sharding))

@@ -3,7 +3,7 @@
     python experiments/tpu_calibration/calibrate.py [--cache-dir DIR]
 
 Each measurement of celerity_jax/aot/tpu_calibration.json is compiled at its gin file's shape, batch, mesh and
-remat for its slice (`compile_report` with estimate_unfit: XLA's estimate is made whether or not our step fits
+remat for its slice (`compile_report` with estimates "always": XLA's estimate is made whether or not our step fits
 the chip). The measured tokens/s per chip is the published one, or the published TFLOP/s per chip divided by the
 publisher's FLOPs per token. The ratio measured ÷ estimated of each run and the fit of `aot.calibration` are
 written back into the data file (its 'points' and 'fit'); the table, with the compile time on this host, goes to
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         configs = gin_config.parse_gin([os.path.join(ROOT, m["gin"])])
         before, t0 = cached_files(args.cache_dir), time.time()
         print(f"== {m['name']}: {m['gin']} on {m['topology']}", flush=True)
-        report = compile_report(configs, m["topology"], cache=Cache(args.cache_dir or None), estimate_unfit=True)
+        report = compile_report(configs, m["topology"], cache=Cache(args.cache_dir or None), estimates="always")
         if not report["est_step_seconds"]:
             print(f"no estimate: {report['estimate_note']}", file=sys.stderr)
             return 1

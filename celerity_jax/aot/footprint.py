@@ -8,9 +8,9 @@
 - saved activations: what the backward pass keeps from the forward pass under the remat policy, read off JAX's
   own residuals of the loss's vjp (traced under `eval_shape` for one microbatch on the mesh, no compile) at
   depth 1 and 2: a layer's r(2) − r(1), the embedding's, final norm's and loss's 2·r(1) − r(2). An array whose
-  leading dim is the microbatch is split over the data shards, and one with a dim of heads, MLP width or
-  vocabulary over the tensor axis; a parameter kept for the backward pass is already in the state, and its
-  bfloat16 copy is counted sharded as the parameter; anything else is counted whole;
+  leading dim is the microbatch is split over the data shards and the tensor axis; a parameter kept for the
+  backward pass is already in the state, and its bfloat16 copy is counted sharded as the parameter; anything
+  else is counted whole;
 - the working set: with remat, the backward pass recomputes one layer's activations, r_none − r_remat of one
   layer more; the loss chunk's float32 logits and their gradient.
 
@@ -112,15 +112,14 @@ def _residual_bytes(cfg, micro_seqs: int, seq_len: int, mesh) -> float:
         vjp = jax.eval_shape(residuals, params, {"inputs": tokens, "targets": tokens})
     shards, tensor = sharding.data_shards(mesh), mesh.shape["tensor"]
     weight_chips = mesh.shape["fsdp"] * tensor
-    split_by_tensor = {cfg.n_heads, cfg.d_ff, cfg.vocab_size}
     param_shapes = {p.shape for p in jax.tree.leaves(params)}
     total = 0.0
     for a in jax.tree.leaves(vjp):
         size = math.prod(a.shape) * a.dtype.itemsize
         if a.ndim >= 2 and a.shape[0] == micro_seqs:
-            size /= shards if micro_seqs % shards == 0 else 1
-            if tensor > 1 and split_by_tensor & set(a.shape[1:]):
-                size /= tensor
+            # XLA splits activations over the tensor axis too, model-wide ones included where it can: counting
+            # them split errs low, which costs a compile rather than a setting
+            size /= (shards if micro_seqs % shards == 0 else 1) * tensor
         elif a.shape in param_shapes:  # a parameter (counted in the state) or its bfloat16 copy, sharded
             size = 0.0 if a.dtype == jnp.float32 else size / weight_chips
         total += size

@@ -85,8 +85,10 @@ def _skipped(setting: Setting, reason: str, model_bytes: float | None = None) ->
 
 class _MeshWalk:
     """The walk over one mesh's (remat, microbatch size) settings. A size is decided by the footprint model,
-    scaled by XLA's bytes over its own at the last compile of this mesh and remat, where the model is sure (fits
-    even when SURE_FITS × more; does not fit even at SLACK × less); otherwise its step is compiled."""
+    scaled by XLA's bytes over its own at the mesh's last compile, where the model is sure (fits even when
+    SURE_FITS × more; does not fit even at SLACK × less); otherwise its step is compiled. Too many bytes would
+    drop a setting unseen, so the model errs low where it must guess (tensor meshes), and a setting it alone
+    says fits is compiled when it leads."""
 
     def __init__(self, configs, mesh_shape, plan, slice_, devices):
         self.configs, self.mesh_shape, self.plan = configs, tuple(mesh_shape), plan
@@ -101,7 +103,7 @@ class _MeshWalk:
         self.state = footprint.state_bytes(build)
         self.remats = collections.deque(REMATS)
         self.floor = -1  # index of the largest size that fits with less remat
-        self.ratio = 1.0  # XLA's bytes over the model's, at the last compile of this mesh and remat
+        self.ratio = 1.0  # XLA's bytes over the model's, at the mesh's last compile
         self.fit: dict[int, dict] = {}  # index -> the row of a size that fits, this remat
         self.decided: set[int] = set()
         self.rows: list[dict] = []  # decided by the model, to be logged
@@ -158,7 +160,7 @@ class _MeshWalk:
             self.floor = max(self.fit)
             self.settled.append(self.fit[self.floor])
         self.remats.popleft()
-        self.fit, self.decided, self.ratio = {}, set(), 1.0
+        self.fit, self.decided = {}, set()
 
     def record(self, index: int, report: dict):
         """Takes the step compile at `index` and walks on."""

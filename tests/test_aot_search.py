@@ -8,7 +8,6 @@ import pytest
 from celerity_jax import recipe
 from celerity_jax.aot import search
 from celerity_jax.aot.cache import Cache
-from celerity_jax.aot.compile import slice_devices
 
 
 @pytest.mark.slow  # 20 s
@@ -37,8 +36,7 @@ def test_search_skips_meshes_the_batch_does_not_split_over(tiny_configs, tpu_sli
 
 
 def _walk(configs, topology, mesh=(1, 4, 1)):
-    slice_, devices = slice_devices(topology)
-    return search._MeshWalk(configs, mesh, recipe.make_plan(configs.model, configs.recipe), slice_, devices)
+    return search._MeshWalk(configs, topology, mesh, recipe.make_plan(configs.model, configs.recipe))
 
 
 def _compiled(walk, index, fits: bool):

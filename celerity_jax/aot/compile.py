@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from typing import Any
 
 import jax
 
@@ -54,6 +55,32 @@ def apply_setting(configs, setting: Setting, platform: str):
     return dataclasses.replace(configs, model=model, train=train)
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A run with a setting applied for a slice: what every compile of its step (and its footprint) starts from."""
+    slice_: accelerators.Slice
+    run: Any  # RunConfigs with the setting applied and "auto" resolved for the slice's platform
+    plan: Any
+    mesh: Any
+
+    @classmethod
+    def of(cls, configs, topology: str, setting: Setting) -> "Target":
+        slice_, devices = slice_devices(topology)
+        run = apply_setting(configs, setting, slice_.chip.platform)
+        return cls(slice_, run, recipe.make_plan(run.model, run.recipe),
+                   sharding.make_mesh(run.train.mesh_shape, devices=devices))
+
+    @property
+    def micro_seqs(self) -> int:
+        return self.plan.batch_seqs // self.run.train.microbatches
+
+    def build(self) -> step_lib.StepBuild:
+        """The train step `celerity train` would run on this mesh."""
+        return step_lib.build_step(self.run.model, self.plan, self.run.monitor, self.mesh,
+                                   microbatches=self.run.train.microbatches, z_loss=self.run.train.z_loss,
+                                   seed=self.run.train.seed)
+
+
 @contextlib.contextmanager
 def without_persistent_cache():
     """Compile-only executables cannot be loaded back, so they stay out of JAX's persistent compilation cache."""
@@ -82,14 +109,11 @@ def compile_report(configs, topology: str, setting: Setting | None = None, *, ca
 
 
 def _compile_report(configs, topology: str, setting: Setting, cache: Cache, estimates: str) -> dict:
-    slice_, devices = slice_devices(topology)
-    run = apply_setting(configs, setting, slice_.chip.platform)
-    plan = recipe.make_plan(run.model, run.recipe)
-    mesh = sharding.make_mesh(run.train.mesh_shape, devices=devices)
+    target = Target.of(configs, topology, setting)
+    slice_, run, plan, mesh = target.slice_, target.run, target.plan, target.mesh
     setting = dataclasses.replace(setting, mesh_shape=tuple(mesh.shape[axis] for axis in sharding.MESH_AXES))
     sharding.check_batch_divisible(plan.batch_seqs, mesh, setting.microbatches)
-    build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=setting.microbatches,
-                                z_loss=run.train.z_loss, seed=run.train.seed)
+    build = target.build()
     if estimates == "only":
         step = {"bytes_per_chip": None, "error": None, "compile_seconds": None}
     else:
@@ -119,28 +143,20 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache, esti
 def estimate_pieces(configs, topology: str, setting: Setting) -> list[tuple]:
     """The loop-free compiles behind the setting's step-time estimate: ("update",) and ("gradient", n_layers,
     loss_unroll) each; `compile_piece` compiles one into the cache, so that they can run side by side."""
-    slice_, devices = slice_devices(topology)
-    run = apply_setting(configs, setting, slice_.chip.platform)
-    plan = recipe.make_plan(run.model, run.recipe)
-    mesh = sharding.make_mesh(tuple(setting.mesh_shape), devices=devices)
+    target = Target.of(configs, topology, setting)
     return [("update",)] + [("gradient", *piece) for piece in estimate.gradient_pieces(
-        run.model, plan.batch_seqs // setting.microbatches, plan.seq_len, mesh)]
+        target.run.model, target.micro_seqs, target.plan.seq_len, target.mesh)]
 
 
 def compile_piece(configs, topology: str, setting: Setting, piece: tuple, cache: Cache) -> None:
     """Compiles one of `estimate_pieces` into `cache`."""
-    slice_, devices = slice_devices(topology)
-    run = apply_setting(configs, setting, slice_.chip.platform)
-    plan = recipe.make_plan(run.model, run.recipe)
-    mesh = sharding.make_mesh(tuple(setting.mesh_shape), devices=devices)
+    t = Target.of(configs, topology, setting)
     with without_persistent_cache():
         if piece[0] == "update":
-            build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=setting.microbatches,
-                                        z_loss=run.train.z_loss, seed=run.train.seed)
-            estimate.update_cost(build, plan, mesh, cache, slice_.target)
+            estimate.update_cost(t.build(), t.plan, t.mesh, cache, t.slice_.target)
         else:
-            estimate.gradient_piece(run.model, plan.batch_seqs // setting.microbatches, plan.seq_len, mesh,
-                                    run.train.z_loss, cache, slice_.target, *piece[1:])
+            estimate.gradient_piece(t.run.model, t.micro_seqs, t.plan.seq_len, t.mesh, t.run.train.z_loss, cache,
+                                    t.slice_.target, *piece[1:])
 
 
 def _compile_step(lowered) -> dict:

@@ -25,13 +25,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from celerity_jax import recipe
-from celerity_jax.aot.compile import Setting, apply_setting, slice_devices
+from celerity_jax.aot.compile import Setting, Target
 from celerity_jax.model import loss, sharding, transformer
 from celerity_jax.train import step as step_lib
-
-GRADIENT_BYTES = 4  # float32
-
 
 @dataclasses.dataclass(frozen=True)
 class Footprint:
@@ -80,15 +76,9 @@ def footprint(cfg, mesh, *, microbatches: int, micro_seqs: int, seq_len: int,
 def of_setting(configs, topology: str, setting: Setting) -> Footprint:
     """The footprint of the run `configs` on the slice `topology` with `setting`, as `celerity compile` would
     build its step."""
-    slice_, devices = slice_devices(topology)
-    run = apply_setting(configs, setting, slice_.chip.platform)
-    plan = recipe.make_plan(run.model, run.recipe)
-    mesh = sharding.make_mesh(tuple(setting.mesh_shape), devices=devices)
-    build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=setting.microbatches,
-                                z_loss=run.train.z_loss, seed=run.train.seed)
-    return footprint(run.model, mesh, microbatches=setting.microbatches,
-                     micro_seqs=plan.batch_seqs // setting.microbatches, seq_len=plan.seq_len,
-                     state=state_bytes(build))
+    target = Target.of(configs, topology, setting)
+    return footprint(target.run.model, target.mesh, microbatches=setting.microbatches,
+                     micro_seqs=target.micro_seqs, seq_len=target.plan.seq_len, state=state_bytes(target.build()))
 
 
 def _loss_working_bytes(cfg, micro_seqs: int, seq_len: int, mesh) -> float:

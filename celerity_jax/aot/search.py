@@ -19,22 +19,16 @@ so far. The steps compile with scan_layers, fast at any depth; the estimate does
 
 import collections
 import dataclasses
-import heapq
-import itertools
-import multiprocessing
 import queue
-import signal
 import time
 
-from celerity_jax import recipe
-from celerity_jax.aot import footprint
+from celerity_jax import accelerators, recipe
+from celerity_jax.aot import footprint, workers
 from celerity_jax.aot.cache import Cache
-from celerity_jax.aot.compile import (Setting, apply_setting, compile_piece, compile_report, estimate_pieces,
-                                       slice_devices)
+from celerity_jax.aot.compile import Setting, Target, apply_setting, estimate_pieces, slice_devices
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import sharding
 from celerity_jax.model.config import REMATS
-from celerity_jax.train import step as step_lib
 
 MIN_HEADROOM = 0.10
 STATE_BYTES_PER_PARAM = 16  # float32 params, gradients and two Adam moments
@@ -77,10 +71,21 @@ class Search:
     compiles: int
 
 
-def _skipped(setting: Setting, reason: str, model_bytes: float | None = None) -> dict:
+def _new_row(setting: Setting, **fields) -> dict:
+    """A row of `tried` for a setting nothing has compiled yet."""
     return {"mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
-            "scan_layers": setting.scan_layers, "fits": False, "skipped": reason, "bytes_per_chip": None,
-            "model_bytes": model_bytes, "headroom": None, "est_step_seconds": None, "est_mfu": None}
+            "scan_layers": setting.scan_layers, "fits": False, "bytes_per_chip": None, "model_bytes": None,
+            "headroom": None, "est_step_seconds": None, "est_mfu": None, **fields}
+
+
+def _skipped(setting: Setting, reason: str) -> dict:
+    return _new_row(setting, skipped=reason)
+
+
+def _failed(setting: Setting, e: Exception) -> dict:
+    """The row of a compile that raised: a ConfigError names the problem itself."""
+    reason = str(e) if isinstance(e, ConfigError) else f"the compile failed: {e}"
+    return dict(_skipped(setting, reason), error=str(e))
 
 
 class _MeshWalk:
@@ -90,17 +95,16 @@ class _MeshWalk:
     drop a setting unseen, so the model errs low where it must guess (tensor meshes), and a setting it alone
     says fits is compiled when it leads."""
 
-    def __init__(self, configs, mesh_shape, plan, slice_, devices):
+    def __init__(self, configs, topology: str, mesh_shape, plan):
+        slice_, devices = slice_devices(topology)
         self.configs, self.mesh_shape, self.plan = configs, tuple(mesh_shape), plan
         self.platform = slice_.chip.platform
-        self.limit = (1 - MIN_HEADROOM) * slice_.chip.hbm_bytes
+        self.limit = (1 - MIN_HEADROOM) * accelerators.usable_bytes(slice_.chip)  # as `usable` judges a compile
         self.mesh = sharding.make_mesh(self.mesh_shape, devices=devices)
         self.per_shard = plan.batch_seqs // sharding.data_shards(self.mesh)
         self.sizes = microbatch_seqs(self.per_shard)
-        run = apply_setting(configs, Setting(self.mesh_shape, 2, "none", True), self.platform)
-        build = step_lib.build_step(run.model, plan, run.monitor, self.mesh, microbatches=2,
-                                    z_loss=run.train.z_loss, seed=run.train.seed)
-        self.state = footprint.state_bytes(build)
+        self.state = footprint.state_bytes(Target.of(configs, topology, Setting(self.mesh_shape, 2, "none",
+                                                                                  True)).build())
         self.remats = collections.deque(REMATS)
         self.floor = -1  # index of the largest size that fits with less remat
         self.ratio = 1.0  # XLA's bytes over the model's, at the mesh's last compile
@@ -140,9 +144,7 @@ class _MeshWalk:
             if verdict == "compile":
                 return index
             self.decided.add(index)
-            row = dict(_skipped(self.setting(index), ""), model_bytes=self.model_bytes(index))
-            del row["skipped"]
-            row["by_model"] = verdict
+            row = _new_row(self.setting(index), model_bytes=self.model_bytes(index), by_model=verdict)
             self.rows.append(row)
             index = self._next(index, verdict == "fits", row)
         return None
@@ -171,84 +173,18 @@ class _MeshWalk:
         self.compile_index = self._walk(self._next(index, usable(report), report))
 
 
-def _run(task):
-    """One compile, in a worker: ("step" | "estimate" | "estimate only", configs, topology, setting, cache_dir)
-    -> its report (the step's memory; with the estimate; the estimate without compiling the step);
-    ("piece", configs, topology, setting, cache_dir, piece) -> None, the piece in the cache."""
-    kind, configs, topology, setting, cache_dir, *piece = task
-    try:
-        if kind == "piece":
-            return compile_piece(configs, topology, setting, piece[0], Cache(cache_dir))
-        estimates = {"step": "never", "estimate": "fits", "estimate only": "only"}[kind]
-        return compile_report(configs, topology, setting, cache=Cache(cache_dir), estimates=estimates)
-    except ConfigError as e:
-        return dict(_skipped(setting, str(e)), error=str(e))
-
-
-def _start_worker():
-    import jax
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
-    jax.config.update("jax_platforms", "cpu")
-
-
-class _Compiler:
-    """Compiles, in this process (jobs 1) or in a pool of `jobs` processes; finished ones in a queue. A compile is
-    handed to a worker only when one is free, the most urgent first: the step compiles that decide the walk, then
-    the short ones that finish an estimate, then the estimates' pieces."""
-
-    URGENCY = {"step": 0, "check": 1, "estimate": 1, "piece": 2}
-
-    def __init__(self, jobs: int):
-        self.results = queue.Queue()
-        self.waiting: list[tuple[int, int, tuple, tuple]] = []
-        self.jobs, self.in_flight, self.running, self.order = jobs, 0, 0, itertools.count()
-        self.pool = (multiprocessing.get_context("spawn").Pool(jobs, initializer=_start_worker) if jobs > 1
-                     else None)
-
-    def submit(self, tag, task):
-        self.running += 1
-        heapq.heappush(self.waiting, (self.URGENCY[tag[0]], next(self.order), tag, task))
-        self._fill()
-
-    def _fill(self):
-        while self.pool is not None and self.waiting and self.in_flight < self.jobs:
-            _, _, tag, task = heapq.heappop(self.waiting)
-            self.in_flight += 1
-            self.pool.apply_async(_run, (task,), callback=lambda r, tag=tag: self.results.put((tag, r)),
-                                  error_callback=lambda e, tag=tag, task=task: self.results.put((tag, dict(
-                                      _skipped(task[3], f"the compile failed: {e}"), error=str(e)))))
-
-    def next(self, timeout: float | None):
-        """(tag, result) of a finished compile; queue.Empty after `timeout` seconds."""
-        if self.pool is None and self.results.empty():
-            _, _, tag, task = heapq.heappop(self.waiting)
-            self.results.put((tag, _run(task)))
-        tag, result = self.results.get(timeout=timeout)
-        self.running -= 1
-        if self.pool is not None:
-            self.in_flight -= 1
-            self._fill()
-        return tag, result
-
-    def close(self, stop: bool):
-        if self.pool is not None:
-            (self.pool.terminate if stop else self.pool.close)()
-            self.pool.join()
-
-
 def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, jobs: int = 1,
            budget_seconds: float | None = None, log=print) -> Search:
     """The chosen report (None when nothing fits), every report tried, and how the search ended; `meshes`
     replaces the candidate meshes. With a cache directory, the pieces of each estimate compile side by side."""
     start = time.monotonic()
-    slice_, devices = slice_devices(topology)
+    slice_, _ = slice_devices(topology)
     plan = recipe.make_plan(configs.model, configs.recipe)
     tried, walks, estimated = [], {}, []
     pieces_left: dict[Setting, int] = {}
     updates = set()  # meshes whose update is compiled or on its way: one serves every setting of a mesh
     checking = set()
-    compiler = _Compiler(jobs)
+    compiler = workers.Compiler(jobs, failed=_failed)
     done = 0
 
     def note(report: dict):
@@ -295,7 +231,7 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
                 tried.append(_skipped(Setting(mesh_shape, 1, "none", True), f"the optimizer state alone needs "
                                       f"{state_bytes / 1e9:.0f} GB per chip"))
             else:
-                walks[tuple(mesh_shape)] = walk = _MeshWalk(configs, mesh_shape, plan, slice_, devices)
+                walks[tuple(mesh_shape)] = walk = _MeshWalk(configs, topology, mesh_shape, plan)
                 advance(walk)
         while compiler.running:
             left = None if budget_seconds is None else budget_seconds - (time.monotonic() - start)
@@ -351,10 +287,6 @@ def _setting(row: dict) -> Setting:
 def _row(tried: list[dict], setting: Setting) -> dict:
     """The row of `setting` (its step compile, or the model's verdict)."""
     return next(r for r in tried if "skipped" not in r and _setting(r) == setting)
-
-
-def _same_setting(a: dict, b: dict) -> bool:
-    return all(a[k] == b[k] for k in ("mesh_shape", "microbatches", "remat", "scan_layers"))
 
 
 def _best(estimated: list[dict], tried: list[dict]) -> dict | None:

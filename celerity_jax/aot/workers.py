@@ -1,0 +1,84 @@
+"""The compiles of `celerity compile --search`, in this process or in a pool of worker processes.
+
+A task is ("step" | "estimate" | "estimate only", configs, topology, setting, cache_dir): a compile report (the
+step's memory; with the estimate; the estimate without compiling the step), or ("piece", configs, topology,
+setting, cache_dir, piece): one piece of an estimate compiled into the cache (`aot.compile.compile_piece`).
+"""
+
+import heapq
+import itertools
+import multiprocessing
+import queue
+import signal
+
+from celerity_jax.aot.cache import Cache
+from celerity_jax.aot.compile import compile_piece, compile_report
+from celerity_jax.errors import ConfigError
+
+ESTIMATES = {"step": "never", "estimate": "fits", "estimate only": "only"}
+
+
+def run_task(task):
+    kind, configs, topology, setting, cache_dir, *piece = task
+    if kind == "piece":
+        return compile_piece(configs, topology, setting, piece[0], Cache(cache_dir))
+    return compile_report(configs, topology, setting, cache=Cache(cache_dir), estimates=ESTIMATES[kind])
+
+
+def _start_worker():
+    import jax
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    jax.config.update("jax_platforms", "cpu")
+
+
+class Compiler:
+    """Compiles, in this process (jobs 1) or in a pool of `jobs` processes; finished ones in a queue. A compile is
+    handed to a worker only when one is free, the most urgent first: the step compiles that decide the walk, then
+    the short ones that finish an estimate, then the estimates' pieces. A compile that raises gives
+    `failed(setting, exception)` as its result (in this process: a ConfigError only)."""
+
+    URGENCY = {"step": 0, "check": 1, "estimate": 1, "piece": 2}
+
+    def __init__(self, jobs: int, failed):
+        self.results = queue.Queue()
+        self.waiting: list[tuple[int, int, tuple, tuple]] = []
+        self.jobs, self.in_flight, self.running, self.order = jobs, 0, 0, itertools.count()
+        self.failed = failed
+        self.pool = (multiprocessing.get_context("spawn").Pool(jobs, initializer=_start_worker) if jobs > 1
+                     else None)
+
+    def submit(self, tag, task):
+        """Queues `task`; its result comes back from `next` with `tag`, whose first item is its urgency's key."""
+        self.running += 1
+        heapq.heappush(self.waiting, (self.URGENCY[tag[0]], next(self.order), tag, task))
+        self._fill()
+
+    def _fill(self):
+        while self.pool is not None and self.waiting and self.in_flight < self.jobs:
+            _, _, tag, task = heapq.heappop(self.waiting)
+            self.in_flight += 1
+            self.pool.apply_async(run_task, (task,), callback=lambda r, tag=tag: self.results.put((tag, r)),
+                                  error_callback=lambda e, tag=tag, task=task: self.results.put(
+                                      (tag, self.failed(task[3], e))))
+
+    def next(self, timeout: float | None):
+        """(tag, result) of a finished compile; queue.Empty after `timeout` seconds."""
+        if self.pool is None and self.results.empty():
+            _, _, tag, task = heapq.heappop(self.waiting)
+            try:
+                result = run_task(task)
+            except ConfigError as e:
+                result = self.failed(task[3], e)
+            self.results.put((tag, result))
+        tag, result = self.results.get(timeout=timeout)
+        self.running -= 1
+        if self.pool is not None:
+            self.in_flight -= 1
+            self._fill()
+        return tag, result
+
+    def close(self, stop: bool):
+        if self.pool is not None:
+            (self.pool.terminate if stop else self.pool.close)()
+            self.pool.join()

@@ -8,6 +8,7 @@ setting, cache_dir, piece): one piece of an estimate compiled into the cache (`a
 import heapq
 import itertools
 import multiprocessing
+import os
 import queue
 import signal
 
@@ -29,6 +30,11 @@ def _start_worker():
     import jax
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    # A worker's results and errors come back through the pool; what libtpu writes to stderr (start-up warnings,
+    # and a crash report when a stopped search terminates the worker) would only bury the search's own lines.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     jax.config.update("jax_platforms", "cpu")
 
 

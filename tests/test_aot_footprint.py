@@ -36,6 +36,9 @@ def test_activations_grow_with_depth_and_microbatch_and_shrink_with_remat_and_sh
     # all data parallel: the same activations per chip, the state whole on every chip
     data = _model(configs, tpu_slice, Setting((4, 1, 1), 1, "none", True))
     assert data.layers == pytest.approx(one["none"].layers, rel=0.01) and data.state > 3 * one["none"].state
+    # fsdp 2 x tensor 2: the activations split four ways too, the attention's head groups folded into the batch
+    tensor = _model(configs, tpu_slice, Setting((1, 2, 2), 1, "none", True))
+    assert tensor.layers == pytest.approx(one["none"].layers, rel=0.01)
 
 
 def test_state_counts_each_chips_shards(tiny_configs, tpu_slice):

@@ -76,6 +76,40 @@ def test_a_size_the_model_is_unsure_of_is_compiled_and_the_walk_steps_down_and_o
     assert walk.compile_index is None
 
 
+def test_a_setting_its_check_rejects_is_walked_again_below(tiny_configs, tpu_slice, monkeypatch):
+    walk = _walk(tiny_configs("RecipeConfig.batch_seqs = 64"), tpu_slice)
+    assert [(r["microbatches"], r["remat"], r["by_model"]) for r in walk.settled] == [(1, "none", "fits")]
+    monkeypatch.setattr(search, "SURE_FITS", 1e12)  # from here on, the model is never sure
+    monkeypatch.setattr(search, "SLACK", 1e12)
+    again = walk.below(dict(walk.settled[0], fits=False, headroom=None, bytes_per_chip=100e9))
+    assert again.ratio == pytest.approx(100e9 / walk.settled[0]["model_bytes"])
+    assert again.remats[0] == "none" and again.compile_index == 3  # under the size XLA rejected
+    again.record(3, _compiled(again, 3, fits=True))
+    # dots was never walked at the largest size (no remat fit there, by the model): now it is
+    assert again.remats[0] == "dots" and again.compile_index == 4
+    again.record(4, _compiled(again, 4, fits=True))
+    assert [(r["microbatches"], r["remat"]) for r in again.settled] == [(2, "none"), (1, "dots")]
+    assert again.compile_index is None and not again.remats
+
+
+@pytest.mark.slow  # 40 s
+def test_a_leader_xla_rejects_loses_to_the_sizes_below_it(tiny_configs, tpu_slice, tmp_path, monkeypatch):
+    judged_by_xla = search.usable
+
+    def usable(report):  # XLA's compile of the largest microbatch without remat comes out too large
+        rejected = (report["microbatches"], report["remat"]) == (1, "none") and report.get("bytes_per_chip")
+        return judged_by_xla(report) and not rejected
+
+    monkeypatch.setattr(search, "usable", usable)
+    found = search.search(tiny_configs(), tpu_slice, cache=Cache(str(tmp_path)), meshes=[(1, 4, 1)],
+                          log=lambda _: None)
+    rows = {(r["microbatches"], r["remat"]): r for r in found.tried}
+    assert rows[(1, "none")]["bytes_per_chip"] and "by_model" not in rows[(1, "none")]
+    assert (found.best["microbatches"], found.best["remat"]) in {(2, "none"), (1, "dots")}
+    assert rows[(2, "none")].get("est_step_seconds") and rows[(1, "dots")].get("est_step_seconds")
+    assert len(found.tried) == len(rows)  # a setting decided again replaces its row
+
+
 def test_a_budget_stops_the_search_with_the_best_found_so_far(tiny_configs, tpu_slice, tmp_path):
     def slow_log(line):
         if "compiled" in line:

@@ -8,9 +8,9 @@
 - saved activations: what the backward pass keeps from the forward pass under the remat policy, read off JAX's
   own residuals of the loss's vjp (traced under `eval_shape` for one microbatch on the mesh, no compile) at
   depth 1 and 2: a layer's r(2) − r(1), the embedding's, final norm's and loss's 2·r(1) − r(2). An array whose
-  leading dim is the microbatch is split over the data shards and the tensor axis; a parameter kept for the
-  backward pass is already in the state, and its bfloat16 copy is counted sharded as the parameter; anything
-  else is counted whole;
+  leading dim is a multiple of the microbatch is split over the data shards and the tensor axis; a parameter
+  kept for the backward pass is already in the state, and its bfloat16 copy is counted sharded as the
+  parameter; anything else is counted whole;
 - the working set: with remat, the backward pass recomputes one layer's activations, r_none − r_remat of one
   layer more; the loss chunk's float32 logits and their gradient.
 
@@ -106,11 +106,12 @@ def _residual_bytes(cfg, micro_seqs: int, seq_len: int, mesh) -> float:
     total = 0.0
     for a in jax.tree.leaves(vjp):
         size = math.prod(a.shape) * a.dtype.itemsize
-        if a.ndim >= 2 and a.shape[0] == micro_seqs:
-            # XLA splits activations over the tensor axis too, model-wide ones included where it can: counting
-            # them split errs low, which costs a compile rather than a setting
-            size /= (shards if micro_seqs % shards == 0 else 1) * tensor
-        elif a.shape in param_shapes:  # a parameter (counted in the state) or its bfloat16 copy, sharded
+        if a.shape in param_shapes:  # a parameter (counted in the state) or its bfloat16 copy, sharded
             size = 0.0 if a.dtype == jnp.float32 else size / weight_chips
+        elif a.ndim >= 2 and a.shape[0] % micro_seqs == 0:
+            # batch-leading (the flash kernel folds head groups into the batch on a tensor mesh). XLA splits
+            # activations over the tensor axis too, model-wide ones included where it can: counting them split
+            # errs low, which costs a compile rather than a setting
+            size /= (shards if micro_seqs % shards == 0 else 1) * tensor
         total += size
     return total

@@ -11,7 +11,8 @@ For each mesh, remat by remat, from the largest microbatch the footprint model (
    model is scaled by XLA's bytes over its own from then on;
 2. a size that fits is followed by the next size up, one that does not by the next size down;
 3. the largest that fits gets XLA's step-time estimate (`aot.estimate`: loop-free pieces, compiled side by side).
-The leading estimate's step is compiled (if it was not) before it wins, so the chosen setting's memory is XLA's.
+The leading estimate's step is compiled (if it was not) before it wins, so the chosen setting's memory is XLA's;
+where that compile does not fit, the sizes below it (same mesh and remat) are walked again.
 Meshes whose optimizer state alone cannot fit, and batches that do not split over a mesh, are not compiled.
 Compiles run in `jobs` processes; the search stops at `budget_seconds` or at Ctrl-C with the best setting found
 so far. The steps compile with scan_layers, fast at any depth; the estimate does not depend on it.
@@ -19,6 +20,7 @@ so far. The steps compile with scan_layers, fast at any depth; the estimate does
 
 import collections
 import dataclasses
+import itertools
 import queue
 import time
 
@@ -95,19 +97,25 @@ class _MeshWalk:
     drop a setting unseen, so the model errs low where it must guess (tensor meshes), and a setting it alone
     says fits is compiled when it leads."""
 
-    def __init__(self, configs, topology: str, mesh_shape, plan):
+    def __init__(self, configs, topology: str, mesh_shape, plan, *, remats=REMATS, floor=-1, tops=None,
+                 ratio=1.0):
+        """The keywords walk part of a mesh again (`below`): its remats, the size index the first of them must
+        pass, the size index each must stay under, and the model's scale."""
         slice_, devices = slice_devices(topology)
-        self.configs, self.mesh_shape, self.plan = configs, tuple(mesh_shape), plan
+        self.configs, self.topology, self.mesh_shape, self.plan = configs, topology, tuple(mesh_shape), plan
         self.platform = slice_.chip.platform
         self.limit = (1 - MIN_HEADROOM) * accelerators.usable_bytes(slice_.chip)  # as `usable` judges a compile
         self.mesh = sharding.make_mesh(self.mesh_shape, devices=devices)
         self.per_shard = plan.batch_seqs // sharding.data_shards(self.mesh)
         self.sizes = microbatch_seqs(self.per_shard)
+        self.tops = tops or {}
         self.state = footprint.state_bytes(Target.of(configs, topology, Setting(self.mesh_shape, 2, "none",
                                                                                   True)).build())
-        self.remats = collections.deque(REMATS)
-        self.floor = -1  # index of the largest size that fits with less remat
-        self.ratio = 1.0  # XLA's bytes over the model's, at the mesh's last compile
+        self.remats = collections.deque(remats)
+        self.floor = floor  # index of the largest size that fits with less remat
+        self.floors: dict[str, int] = {}  # remat -> the floor it walked above
+        self.fits_at: dict[str, int] = {}  # remat -> the index it settled at
+        self.ratio = ratio  # XLA's bytes over the model's, at the mesh's last compile
         self.fit: dict[int, dict] = {}  # index -> the row of a size that fits, this remat
         self.decided: set[int] = set()
         self.rows: list[dict] = []  # decided by the model, to be logged
@@ -128,7 +136,7 @@ class _MeshWalk:
         return "fits" if scaled * SURE_FITS <= self.limit else "no" if scaled > SLACK * self.limit else "compile"
 
     def _first_index(self) -> int | None:
-        above = range(self.floor + 1, len(self.sizes))
+        above = range(self.floor + 1, self._top())
         maybe = [i for i in above if self._verdict(i) != "no"]
         return maybe[-1] if maybe else (above[0] if above else None)
 
@@ -153,16 +161,30 @@ class _MeshWalk:
         if fits:
             self.fit[index] = row
             up = index + 1
-            return up if up < len(self.sizes) and up not in self.decided else None
+            return up if up < self._top() and up not in self.decided else None
         down = index - 1
         return down if down > self.floor and down not in self.decided and down not in self.fit else None
 
+    def _top(self) -> int:
+        return self.tops.get(self.remats[0], len(self.sizes))
+
     def _settle(self):
+        self.floors[self.remats[0]] = self.floor
         if self.fit:
-            self.floor = max(self.fit)
+            self.floor = self.fits_at[self.remats[0]] = max(self.fit)
             self.settled.append(self.fit[self.floor])
         self.remats.popleft()
         self.fit, self.decided = {}, set()
+
+    def below(self, report: dict) -> "_MeshWalk":
+        """The walk again under a setting this walk settled by the model that XLA's compile says does not fit,
+        with the model scaled by XLA's bytes there: its remat under its size, then each more remat that settled
+        nothing here up to its size (above it, this walk has decided them)."""
+        remat, index = report["remat"], self.sizes.index(self.per_shard // report["microbatches"])
+        more = itertools.takewhile(lambda r: r not in self.fits_at, REMATS[REMATS.index(remat) + 1:])
+        tops = {remat: index, **{r: index + 1 for r in more}}
+        return _MeshWalk(self.configs, self.topology, self.mesh_shape, self.plan, remats=tuple(tops),
+                         floor=self.floors[remat], tops=tops, ratio=report["bytes_per_chip"] / report["model_bytes"])
 
     def record(self, index: int, report: dict):
         """Takes the step compile at `index` and walks on."""
@@ -180,7 +202,8 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
     start = time.monotonic()
     slice_, _ = slice_devices(topology)
     plan = recipe.make_plan(configs.model, configs.recipe)
-    tried, walks, estimated = [], {}, []
+    tried, walks, estimated = [], [], []
+    settled_by: dict[Setting, _MeshWalk] = {}
     pieces_left: dict[Setting, int] = {}
     updates = set()  # meshes whose update is compiled or on its way: one serves every setting of a mesh
     checking = set()
@@ -189,19 +212,20 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
 
     def note(report: dict):
         seconds = int(time.monotonic() - start)
-        left = compiler.running + sum(w.compile_index is not None for w in walks.values())
+        left = compiler.running + sum(w.compile_index is not None for w in walks)
         log(f"{format_row(report)}  [{done} compiled, {left} or more to go, {seconds // 60}m{seconds % 60:02d}s]")
 
     def advance(walk: _MeshWalk):
         for row in walk.rows:
-            tried.append(row)
+            _put(tried, row)
             note(row)
         for row in walk.settled:
+            settled_by[_setting(row)] = walk
             estimate(_setting(row))
         walk.rows, walk.settled = [], []
         if walk.compile_index is not None:
             index, walk.compile_index = walk.compile_index, None
-            compiler.submit(("step", walk.mesh_shape, index),
+            compiler.submit(("step", walks.index(walk), index),
                             ("step", configs, topology, walk.setting(index), cache.directory))
 
     def estimate(setting: Setting):
@@ -231,8 +255,8 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
                 tried.append(_skipped(Setting(mesh_shape, 1, "none", True), f"the optimizer state alone needs "
                                       f"{state_bytes / 1e9:.0f} GB per chip"))
             else:
-                walks[tuple(mesh_shape)] = walk = _MeshWalk(configs, topology, mesh_shape, plan)
-                advance(walk)
+                walks.append(_MeshWalk(configs, topology, mesh_shape, plan))
+                advance(walks[-1])
         while compiler.running:
             left = None if budget_seconds is None else budget_seconds - (time.monotonic() - start)
             if left is not None and left <= 0:
@@ -243,7 +267,7 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
                 raise TimeoutError from None
             done += 1
             if tag[0] == "step":
-                tried.append(result)
+                _put(tried, result)
                 walk = walks[tag[1]]
                 walk.record(tag[2], result)
                 note(result)
@@ -261,9 +285,14 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
                             or row.get("by_model") is None})
                 note(row)
                 if row.get("est_step_seconds") and (usable(row) or row.get("by_model") == "fits"):
-                    estimated.append(row)
+                    if row not in estimated:
+                        estimated.append(row)
                 elif row in estimated:
                     estimated.remove(row)
+                if tag[0] == "check" and not usable(row) and row["bytes_per_chip"]:
+                    # the model was wrong there: the smaller sizes of its remat are walked again
+                    walks.append(settled_by[tag[1]].below(row))
+                    advance(walks[-1])
             best = min(estimated, key=rank) if estimated else None
             if best and best.get("by_model") and _setting(best) not in checking:
                 # the leader's memory is checked by XLA as soon as it leads: the winner's is XLA's
@@ -287,6 +316,15 @@ def _setting(row: dict) -> Setting:
 def _row(tried: list[dict], setting: Setting) -> dict:
     """The row of `setting` (its step compile, or the model's verdict)."""
     return next(r for r in tried if "skipped" not in r and _setting(r) == setting)
+
+
+def _put(tried: list[dict], row: dict):
+    """Adds `row`, or replaces the row of its setting: a walk again (`_MeshWalk.below`) decides afresh."""
+    same = [i for i, r in enumerate(tried) if "skipped" not in r and _setting(r) == _setting(row)]
+    if same:
+        tried[same[0]] = row
+    else:
+        tried.append(row)
 
 
 def _best(estimated: list[dict], tried: list[dict]) -> dict | None:

@@ -205,7 +205,8 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
     tried, walks, estimated = [], [], []
     settled_by: dict[Setting, _MeshWalk] = {}
     pieces_left: dict[Setting, int] = {}
-    updates = set()  # meshes whose update is compiled or on its way: one serves every setting of a mesh
+    # one update piece serves every setting of a mesh: mesh -> the settings waiting while it compiles, None after
+    updates: dict[tuple, list[Setting] | None] = {}
     checking = set()
     compiler = workers.Compiler(jobs, failed=_failed)
     done = 0
@@ -230,12 +231,18 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
 
     def estimate(setting: Setting):
         pieces = estimate_pieces(configs, topology, setting) if cache.directory else []
-        pieces = [p for p in pieces if p != ("update",) or setting.mesh_shape not in updates]
-        updates.add(setting.mesh_shape)
-        pieces_left[setting] = len(pieces)
+        waits = False
+        if ("update",) in pieces and setting.mesh_shape in updates:
+            pieces.remove(("update",))
+            waits = updates[setting.mesh_shape] is not None
+            if waits:
+                updates[setting.mesh_shape].append(setting)
+        elif ("update",) in pieces:
+            updates[setting.mesh_shape] = []
+        pieces_left[setting] = len(pieces) + waits
         for piece in pieces:
-            compiler.submit(("piece", setting), ("piece", configs, topology, setting, cache.directory, piece))
-        if not pieces:
+            compiler.submit(("piece", setting, piece), ("piece", configs, topology, setting, cache.directory, piece))
+        if not pieces_left[setting]:
             assemble(setting)
 
     def assemble(setting: Setting):
@@ -273,9 +280,14 @@ def search(configs, topology: str, *, cache: Cache = Cache(None), meshes=None, j
                 note(result)
                 advance(walk)
             elif tag[0] == "piece":
-                pieces_left[tag[1]] -= 1
-                if not pieces_left[tag[1]]:  # every piece is cached: the estimate only assembles them
-                    assemble(tag[1])
+                finished = [tag[1]]
+                if tag[2] == ("update",):
+                    finished += updates[tag[1].mesh_shape]
+                    updates[tag[1].mesh_shape] = None
+                for setting in finished:
+                    pieces_left[setting] -= 1
+                    if not pieces_left[setting]:  # every piece is cached: the estimate only assembles them
+                        assemble(setting)
             else:  # an estimate, or the check of a setting the model said fits: one row, updated
                 done -= tag[0] == "estimate"  # the estimate compiles nothing of its own
                 row = _row(tried, tag[1])

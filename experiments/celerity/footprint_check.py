@@ -1,7 +1,8 @@
 """The footprint model (`celerity_jax/aot/footprint.py`) against XLA's bytes per chip, on every step the Celerity
-searches compiled (the rows of tpu_plans.json with XLA's bytes); compiles nothing.
+searches compiled (the rows of tpu_plans.json with XLA's bytes, or of earlier copies of it given with --plans,
+each step once); compiles nothing.
 
-    python experiments/celerity/footprint_check.py [--json PATH]
+    python experiments/celerity/footprint_check.py [--plans JSON ...] [--json PATH]
 
 Prints one row per compiled step (model ÷ XLA) and the range of that ratio by remat: what `aot/search.py`'s
 SURE_FITS and SLACK rest on.
@@ -24,18 +25,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", nargs="+", metavar="JSON", default=[os.path.join(HERE, "tpu_plans.json")],
+                        help="tpu_plans.json files whose compiled steps to compare (default: this folder's)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows there")
     args = parser.parse_args(argv)
     jax.config.update("jax_platforms", "cpu")
-    with open(os.path.join(HERE, "tpu_plans.json")) as f:
-        searches = json.load(f)
-    rows = []
+    searches = []
+    for path in args.plans:
+        with open(path) as f:
+            searches += json.load(f)
+    rows, seen = [], set()
     print("| size | slice | mesh | microbatches | remat | XLA GB | model GB | model ÷ XLA |\n|---|---|---|---|---|---|---|---|")
     for search in searches:
         configs = gin_config.parse_gin([os.path.join(HERE, f"{search['size']}_20tpp.gin")])
         for r in search["tried"]:
-            if r.get("skipped") or not r.get("bytes_per_chip"):
+            key = (search["size"], search["topology"], tuple(r["mesh_shape"]), r["microbatches"], r["remat"])
+            if r.get("skipped") or not r.get("bytes_per_chip") or key in seen:
                 continue
+            seen.add(key)
             setting = Setting(tuple(r["mesh_shape"]), r["microbatches"], r["remat"], True)
             model = footprint.of_setting(configs, search["topology"], setting).total
             rows.append({"size": search["size"], "topology": search["topology"], "mesh_shape": r["mesh_shape"],

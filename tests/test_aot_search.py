@@ -92,7 +92,7 @@ def test_a_setting_its_check_rejects_is_walked_again_below(tiny_configs, tpu_sli
     assert again.compile_index is None and not again.remats
 
 
-@pytest.mark.slow  # 40 s
+@pytest.mark.slow  # 25 s
 def test_a_leader_xla_rejects_loses_to_the_sizes_below_it(tiny_configs, tpu_slice, tmp_path, monkeypatch):
     judged_by_xla = search.usable
 

@@ -12,7 +12,7 @@ For each mesh, remat by remat, from the largest microbatch the footprint model (
 2. a size that fits is followed by the next size up, one that does not by the next size down;
 3. the largest that fits gets XLA's step-time estimate (`aot.estimate`: loop-free pieces, compiled side by side).
 The leading estimate's step is compiled (if it was not) before it wins, so the chosen setting's memory is XLA's;
-where that compile does not fit, the sizes below it (same mesh and remat) are walked again.
+where that compile does not fit, the sizes below it are walked again (then more remat, up to its size).
 Meshes whose optimizer state alone cannot fit, and batches that do not split over a mesh, are not compiled.
 Compiles run in `jobs` processes; the search stops at `budget_seconds` or at Ctrl-C with the best setting found
 so far. The steps compile with scan_layers, fast at any depth; the estimate does not depend on it.

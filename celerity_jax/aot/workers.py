@@ -5,12 +5,14 @@ step's memory; with the estimate; the estimate without compiling the step), or (
 setting, cache_dir, piece): one piece of an estimate compiled into the cache (`aot.compile.compile_piece`).
 """
 
+import ctypes
 import heapq
 import itertools
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 
 from celerity_jax.aot.cache import Cache
 from celerity_jax.aot.compile import compile_piece, compile_report
@@ -26,9 +28,18 @@ def run_task(task):
     return compile_report(configs, topology, setting, cache=Cache(cache_dir), estimates=ESTIMATES[kind])
 
 
+PR_SET_PDEATHSIG = 1
+
+
 def _start_worker():
     import jax
 
+    if sys.platform.startswith("linux"):
+        # A search killed outright (SIGTERM, SIGKILL) would leave its workers compiling for minutes: the kernel
+        # ends them with it.
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != multiprocessing.parent_process().pid:  # it died before this worker asked
+            os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     # A worker's results and errors come back through the pool; what libtpu writes to stderr (start-up warnings,
     # and a crash report when a stopped search terminates the worker) would only bury the search's own lines.

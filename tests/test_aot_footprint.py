@@ -57,20 +57,20 @@ def test_state_counts_each_chips_shards(tiny_configs, tpu_slice):
 @pytest.mark.slow  # 1 min: three compiles of the long tiny step
 @pytest.mark.parametrize("remat", ["none", "dots", "full"])
 def test_the_model_against_xla(tiny_configs, tpu_slice, remat):
-    """The search trusts the model where it is sure (search.SURE_FITS, search.SLACK). The dangerous error is
+    """The search trusts the model where it is sure (walk.SURE_FITS, walk.SLACK). The dangerous error is
     too few bytes: a step the model says fits by far must not be over the limit, so the model is never below
     XLA / SURE_FITS. Without remat it is within SLACK of XLA too. With remat, at these shapes, XLA keeps far less
     than a layer's recomputed activations at once and the model overcounts (a compile, not a loss); on the
     Celerity configs it is within its bounds (docs/results/compile.md)."""
-    from celerity_jax.aot import search
+    from celerity_jax.aot import walk
 
     configs = tiny_configs(*LONG)
     setting = Setting((1, 4, 1), 1, remat, True)
     xla = compile_report(configs, tpu_slice, setting, estimates="never")["bytes_per_chip"]
     model = _model(configs, tpu_slice, setting).total
-    assert model >= xla / search.SURE_FITS, model / xla
+    assert model >= xla / walk.SURE_FITS, model / xla
     if remat == "none":
-        assert model <= search.SLACK * xla, model / xla
+        assert model <= walk.SLACK * xla, model / xla
 
 
 def test_a_remat_policy_keeps_what_it_says(tiny_configs, tpu_slice):

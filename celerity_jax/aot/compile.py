@@ -36,6 +36,11 @@ class Setting:
         return cls(tuple(configs.train.mesh_shape), configs.train.microbatches, configs.model.remat,
                    configs.model.scan_layers)
 
+    @classmethod
+    def of_report(cls, report: dict) -> "Setting":
+        """The setting of a compile report, or of a search's row."""
+        return cls(tuple(report["mesh_shape"]), report["microbatches"], report["remat"], report["scan_layers"])
+
     def gin_params(self) -> list[str]:
         return [f"TrainConfig.mesh_shape = {tuple(self.mesh_shape)}", f"TrainConfig.microbatches = {self.microbatches}",
                 f"ModelConfig.remat = '{self.remat}'", f"ModelConfig.scan_layers = {self.scan_layers}"]

@@ -55,7 +55,7 @@ def format_report(report: dict) -> str:
         lines.append(calibrated_line(report["calibrated"], report["steps"]))
     lines.append(f"*         {report['estimate_note']}")
     if report["fits"]:
-        lines.append("gin       " + " ".join(f'--gin-param "{p}"' for p in report["gin_params"]))
+        lines.append(_gin_line(report["gin_params"]))
     else:
         data_shards = report["mesh_shape"][0] * report["mesh_shape"][1]
         lines.append("fix       " + fix_hint(report["microbatches"], report["batch_seqs"], data_shards, report["remat"]))
@@ -64,7 +64,7 @@ def format_report(report: dict) -> str:
 
 def _uncompiled(report: dict) -> str:
     """A search's best so far that only the footprint model has sized: the search stopped before compiling it."""
-    setting = Setting(tuple(report["mesh_shape"]), report["microbatches"], report["remat"], report["scan_layers"])
+    setting = Setting.of_report(report)
     lines = [f"setting   mesh (data, fsdp, tensor) {setting.mesh_shape}, {setting.microbatches} microbatches, "
              f"remat {setting.remat}, scan_layers {setting.scan_layers}",
              f"memory    {report['model_bytes'] / 1e9:.1f} GB per chip by the footprint model; the search stopped "
@@ -72,5 +72,9 @@ def _uncompiled(report: dict) -> str:
     if report.get("est_step_seconds"):
         lines.append(f"estimate* {report['est_step_seconds']:.3f} s/step, MFU {report['est_mfu']:.1%}")
         lines.append(f"*         {report['estimate_note']}")
-    lines.append("gin       " + " ".join(f'--gin-param "{p}"' for p in setting.gin_params()))
+    lines.append(_gin_line(setting.gin_params()))
     return "\n".join(lines)
+
+
+def _gin_line(gin_params: list[str]) -> str:
+    return "gin       " + " ".join(f'--gin-param "{p}"' for p in gin_params)

@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the rows there")
     args = parser.parse_args(argv)
     jax.config.update("jax_platforms", "cpu")
+    missing = [path for path in args.plans if not os.path.isfile(path)]
+    if missing:
+        parser.error(f"--plans: no such file: {', '.join(missing)} (give tpu_plans.json files)")
     searches = []
     for path in args.plans:
         with open(path) as f:
@@ -43,7 +46,7 @@ def main(argv=None) -> int:
             if r.get("skipped") or not r.get("bytes_per_chip") or key in seen:
                 continue
             seen.add(key)
-            setting = Setting(tuple(r["mesh_shape"]), r["microbatches"], r["remat"], True)
+            setting = Setting.of_report(r)
             model = footprint.of_setting(configs, search["topology"], setting).total
             rows.append({"size": search["size"], "topology": search["topology"], "mesh_shape": r["mesh_shape"],
                          "microbatches": r["microbatches"], "remat": r["remat"], "xla_bytes": r["bytes_per_chip"],

@@ -22,7 +22,24 @@ import os
 
 from celerity_jax.errors import ConfigError
 
-SIZES = ("d40-l2", "d56-l3", "d80-l5")  # experiments/demo/sizes/<size>.gin
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """What one form of the demo trains besides panels 1 and 2: the family's sizes (smallest first; none for
+    --quick), how many seeds each size gets under each recipe, and whether the family is scored downstream."""
+    name: str
+    sizes: tuple[str, ...]  # experiments/demo/sizes/<size>.gin
+    tau_seeds: int
+    naive_seeds: int
+    downstream: bool  # score the τ family's first seeds on the built-in task
+
+
+QUICK = Design("quick", (), 0, 0, False)
+# Each form fills its budget on this project's 2-core host (experiments/demo/README.md): `make demo` 12 minutes,
+# --full 45.
+DEFAULT = Design("default", ("d40-l2", "d48-l2", "d56-l2"), 2, 2, False)
+FULL = Design("full", ("d40-l2", "d48-l3", "d56-l3", "d64-l4"), 3, 2, True)
 # Panel 1, at the smallest size: (batch ×, LR ×, τ ×) against the τ recipe's run. λ follows from τ, so the
 # first three change λ by ×2, ×2 and ×1 at equal τ; the last two move τ. A larger batch evaluates fewer eval
 # batches, so that every run sees the same held-out sequences.
@@ -34,10 +51,8 @@ TIMESCALE_SETTINGS = {
     "tau-x4": (1, 1.0, 4.0),
 }
 TPP_SETTINGS = {"tpp-half": 0.5, "tpp-x2": 2.0}  # panel 2: TPP × at the τ recipe's τ, smallest size
-# Repeats with other seeds, which measure σ: of panel 1's base run (σ of panels 1 and 2), and of the family's
-# τ runs by size index (σ of panel 3).
-PANEL_REPEATS = 3
-FAMILY_REPEATS = {0: 2, 1: 1}
+PANEL_REPEATS = 3  # repeats of panel 1's base run with other seeds: σ of panels 1 and 2
+PANEL_SIZE = "d40-l2"
 DOWNSTREAM_DOCS = 1000  # documents of the built-in task scored per run
 
 
@@ -66,60 +81,63 @@ class DemoRun:
         return os.path.join(demo_dir, *self.name.split("/"))
 
 
-def demo_runs(sizes: tuple[str, ...] = SIZES, quick: bool = False) -> list[DemoRun]:
-    """Every run of the demo, each with a seed of its own except that a size shares its seed (batch order)
-    across the two recipes. Quick: panels 1 and 2 only (the smallest size's runs)."""
+def demo_runs(design: Design = DEFAULT, sizes: tuple[str, ...] | None = None) -> list[DemoRun]:
+    """Every run of the demo: panels 1 and 2 at PANEL_SIZE, then the family of `design` (or of `sizes`, with the
+    design's seeds) under both recipes. Each run has a seed of its own, except that a size's k-th seed is
+    shared (batch order) by the two recipes."""
     from celerity_jax import gin_config, recipe
     from celerity_jax.demo_report import RECIPES
 
-    if len(sizes) < 2:
+    sizes = design.sizes if sizes is None else sizes
+    if design.sizes and len(sizes) < 2:
         raise ConfigError(f"--sizes names {len(sizes)} size; the demo's family needs at least two")
     demo = os.path.join(experiments_dir(), "demo")
     recipe_files = {name: os.path.join(demo, f"{name}.gin") for name in RECIPES}
     eval_gin = os.path.join(demo, "eval.gin")
-    size_gin = {s: os.path.join(demo, "sizes", f"{s}.gin") for s in sizes}
+    size_gin = {s: os.path.join(demo, "sizes", f"{s}.gin") for s in (PANEL_SIZE,) + tuple(sizes)}
     for path in size_gin.values():
         if not os.path.isfile(path):
             raise ConfigError(f"no size file {path}; --sizes takes names of experiments/demo/sizes/*.gin")
-    tau_files = {s: (size_gin[s], recipe_files["tau"], eval_gin) for s in sizes}
     seeds = iter(range(1000))
-    size_seed = {s: next(seeds) for s in sizes}
-    family = [DemoRun("tau", s, tau_files[s], (f"TrainConfig.seed = {size_seed[s]}",)) for s in sizes]
-    family += [DemoRun("tau", sizes[i], tau_files[sizes[i]], (f"TrainConfig.seed = {next(seeds)}",), replica=k)
-               for i, n in FAMILY_REPEATS.items() if i < len(sizes) for k in range(1, n + 1)]
-    panel_files = tau_files[sizes[0]] + (os.path.join(demo, "panels.gin"),)
+    panel_files = (size_gin[PANEL_SIZE], recipe_files["tau"], eval_gin, os.path.join(demo, "panels.gin"))
     base_configs = gin_config.parse_gin(panel_files)
     base, eval_batches = base_configs.recipe, base_configs.train.eval_batches
     base_tau = recipe.tau_law(base.tpp, base.tau_law_coef, base.tau_law_exponent) if base.tau is None else base.tau
-    panels = [DemoRun("timescale", "base", panel_files, (f"TrainConfig.seed = {next(seeds)}",), replica=k)
-              for k in range(PANEL_REPEATS + 1)]
-    panels += [DemoRun("timescale", name, panel_files,
-                       (f"RecipeConfig.batch_seqs = {base.batch_seqs * b}", f"RecipeConfig.base_lr = {base.base_lr * lr!r}",
-                        f"RecipeConfig.tau = {base_tau * t!r}", f"TrainConfig.eval_batches = {eval_batches // b}",
-                        f"TrainConfig.seed = {next(seeds)}"), tau_factor=t)
-               for name, (b, lr, t) in TIMESCALE_SETTINGS.items()]
-    panels += [DemoRun("tpp", name, panel_files,
-                       (f"RecipeConfig.tpp = {base.tpp * x!r}", f"RecipeConfig.tau = {base_tau!r}",
-                        f"TrainConfig.seed = {next(seeds)}"))
-               for name, x in TPP_SETTINGS.items()]
-    if quick:
-        return panels
+    runs = [DemoRun("timescale", "base", panel_files, (f"TrainConfig.seed = {next(seeds)}",), replica=k)
+            for k in range(PANEL_REPEATS + 1)]
+    runs += [DemoRun("timescale", name, panel_files,
+                     (f"RecipeConfig.batch_seqs = {base.batch_seqs * b}", f"RecipeConfig.base_lr = {base.base_lr * lr!r}",
+                      f"RecipeConfig.tau = {base_tau * t!r}", f"TrainConfig.eval_batches = {eval_batches // b}",
+                      f"TrainConfig.seed = {next(seeds)}"), tau_factor=t)
+             for name, (b, lr, t) in TIMESCALE_SETTINGS.items()]
+    runs += [DemoRun("tpp", name, panel_files,
+                     (f"RecipeConfig.tpp = {base.tpp * x!r}", f"RecipeConfig.tau = {base_tau!r}",
+                      f"TrainConfig.seed = {next(seeds)}"))
+             for name, x in TPP_SETTINGS.items()]
+    if not design.sizes:
+        return runs
+    tau_files = {s: (size_gin[s], recipe_files["tau"], eval_gin) for s in sizes}
     middle = sizes[len(sizes) // 2]
     middle_configs = gin_config.parse_gin(tau_files[middle])
     naive_tokens = recipe.make_plan(middle_configs.model, middle_configs.recipe).tokens
-    naive = []
-    for s in sizes:
-        files = (size_gin[s], recipe_files["naive"], eval_gin)
-        n_params = recipe.params.count_params(gin_config.parse_gin(files).model)
-        naive.append(DemoRun("naive", s, files, (f"RecipeConfig.tpp = {naive_tokens / n_params!r}",
-                                                 f"TrainConfig.seed = {size_seed[s]}")))
-    return panels + family + naive
+    size_seeds = {(s, k): next(seeds) for k in range(max(design.tau_seeds, design.naive_seeds)) for s in sizes}
+    runs += [DemoRun("tau", s, tau_files[s], (f"TrainConfig.seed = {size_seeds[s, k]}",), replica=k)
+             for k in range(design.tau_seeds) for s in sizes]
+    for k in range(design.naive_seeds):
+        for s in sizes:
+            files = (size_gin[s], recipe_files["naive"], eval_gin)
+            n_params = recipe.params.count_params(gin_config.parse_gin(files).model)
+            runs.append(DemoRun("naive", s, files, (f"RecipeConfig.tpp = {naive_tokens / n_params!r}",
+                                                    f"TrainConfig.seed = {size_seeds[s, k]}"), replica=k))
+    return runs
 
 
-def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, force_new: bool = False,
+def run_demo(workdir: str, design: Design = DEFAULT, sizes: tuple[str, ...] | None = None, force_new: bool = False,
              gin_files: tuple[str, ...] = (), gin_params: tuple[str, ...] = (), log=print) -> dict:
     """Trains every run of the demo unless it is finished, then writes the report; returns report.json's content.
     `gin_files` and `gin_params` are layered on every run after its own (to try a variant of the whole demo)."""
+    import time
+
     import jax
 
     from celerity_jax import demo_report, run
@@ -127,17 +145,19 @@ def run_demo(workdir: str, sizes: tuple[str, ...] = SIZES, quick: bool = False, 
     if not jax.config.jax_compilation_cache_dir:
         # Seed repeats compile the same programs: a persistent cache in the workdir compiles each one once.
         jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "jax_cache"))
+    start = time.time()
     runs = [dataclasses.replace(r, gin_files=r.gin_files + tuple(gin_files),
-                                gin_params=r.gin_params + tuple(gin_params)) for r in demo_runs(sizes, quick)]
+                                gin_params=r.gin_params + tuple(gin_params)) for r in demo_runs(design, sizes)]
     seconds = {}
     for r in runs:
         loaded = run.load(run.RunSpec(r.workdir(workdir), r.gin_files, r.gin_params, name=r.name))
         loaded.train_to(force_new=force_new, log=log)
         seconds[r.name] = loaded.train_seconds()
-    downstream = None if quick else score_downstream(
-        workdir, [r for r in runs if r.group == "tau" and not r.replica], log)
-    return demo_report.write_report(workdir, runs, seconds, quick=quick,
-                                    variant=tuple(gin_files) + tuple(gin_params), downstream=downstream)
+    downstream = score_downstream(workdir, [r for r in runs if r.group == "tau" and not r.replica], log) \
+        if design.downstream else None
+    return demo_report.write_report(workdir, runs, seconds, design=design.name,
+                                    variant=tuple(gin_files) + tuple(gin_params), downstream=downstream,
+                                    wall_seconds=time.time() - start)
 
 
 def score_downstream(workdir: str, runs: list[DemoRun], log=print) -> dict[str, dict]:

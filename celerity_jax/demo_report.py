@@ -7,7 +7,8 @@ deviation across seeds of one setting (the root mean of the variances where seve
 - separation of two curves a, b: mean |ℓ_a − ℓ_b| / mean σ;
 - Δ/σ of a group of settings (Qiu et al.'s supercollapse test): the spread across settings of the seed-mean
   curves against σ;
-- collapse spread of a family: mean |ℓ_k − family mean| (`curves.collapse_quality`), and the naive / τ ratio.
+- a family's dependence on size (`curves.family_measures`): the trend of ℓ̄ against ln N in seed standard errors,
+  Δ/σ beside its floor, and the paper's MAE of each size against the family mean.
 
 report.json's keys are documented in experiments/demo/README.md; other tools read them.
 """
@@ -28,7 +29,8 @@ RECIPES = ("tau", "naive")  # the family's two recipes, the groups of its runs
 GRID_BINS = 25  # eval.gin's 50 points give two per bin
 TARGET_DELTA_OVER_SIGMA = 1.5  # equal-τ settings, and the τ family's sizes, agree within seed noise
 TARGET_SEPARATION = 3.0  # off-τ and off-TPP curves sit this many σ away
-TARGET_RATIO = 3.0  # the naive family's collapse spread over the τ family's
+TARGET_TREND = 2.0  # the τ family's slope of ℓ̄ against ln N, in its seed standard errors
+TARGET_FLOOR_MULTIPLE = 1.5  # the τ family's Δ/σ against the floor a family with no size effect shows
 
 
 def normalized_curves(workdir: str, runs: list) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, float]]:
@@ -97,19 +99,34 @@ def tpp_panel(curves: dict, runs: list, keep_G: np.ndarray) -> dict:
             "met": min(pairs.values()) >= TARGET_SEPARATION}
 
 
-def family_panel(curves: dict, runs: list, frac_G: np.ndarray, keep_G: np.ndarray) -> dict:
-    """Panel 3: each recipe's collapse spread over its first-seed runs, their ratio, and the τ family's Δ/σ."""
+def family_runs_KxR(runs: list, group: str) -> list[list]:
+    """The family's runs of one recipe as sizes × seeds (sizes in the order they were given)."""
+    sizes = list(dict.fromkeys(r.label for r in runs if r.group == group))
+    return [[r for r in runs if r.group == group and r.label == s] for s in sizes]
+
+
+def family_panel(curves: dict, runs: list, frac_G: np.ndarray, n_params: dict[str, int]) -> dict:
+    """Panel 3: `curves.family_measures` of each recipe's family (trend against ln N, Δ/σ with its floor, the
+    paper's MAE), the τ family's targets, and the naive / τ ratio of MAEs (reported, no target)."""
     from celerity_jax.collapse import compare, curves as curve_math
 
-    sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
-    spread = {}
+    out = {}
     for name in RECIPES:
-        family_KxG = np.stack([curves[f"{name}/{s}"] for s in sizes])
-        spread[name] = float(curve_math.collapse_quality(family_KxG, frac_G, *compare.QUALITY_RANGE)["mean_abs_dev"])
-    out = {"tau_spread": spread["tau"], "naive_spread": spread["naive"],
-           "ratio": spread["naive"] / spread["tau"], **delta_over_sigma(
-               [_group(curves, runs, "tau", s) for s in sizes], keep_G)}
-    out["met"] = out["ratio"] >= TARGET_RATIO and out["delta_over_sigma"] <= TARGET_DELTA_OVER_SIGMA
+        grid = family_runs_KxR(runs, name)
+        seeds = max(len(row) for row in grid)
+        curves_KxRxG = np.full((len(grid), seeds, len(frac_G)), np.nan)
+        for k, row in enumerate(grid):
+            for j, r in enumerate(row):
+                curves_KxRxG[k, j] = curves[r.name]
+        measures = curve_math.family_measures(curves_KxRxG, [n_params[row[0].name] for row in grid], frac_G,
+                                              *compare.QUALITY_RANGE)
+        out[name] = {"sizes": [row[0].label for row in grid], "n_params": [n_params[row[0].name] for row in grid],
+                     **measures}
+    tau = out["tau"]
+    tau["met"] = bool(abs(tau["trend"]) <= TARGET_TREND and
+                      tau["delta_over_sigma"] <= TARGET_FLOOR_MULTIPLE * tau["floor"])
+    out["mae_ratio"] = out["naive"]["mae"] / tau["mae"]
+    out["met"] = tau["met"]
     return out
 
 
@@ -142,11 +159,15 @@ def plot_panels(frac_G: np.ndarray, curves: dict, runs: list, panels: dict, path
                         base_G, p["sigma"]))
     if "family" in panels:
         p = panels["family"]
-        sizes = [r.label for r in runs if r.group == "tau" and not r.replica]
-        lines = [(f"{name}/{s}", curves[f"{name}/{s}"], "-" if name == "tau" else "--")
-                 for name in RECIPES for s in sizes]
-        columns.append((f"3. family {sizes[0]}–{sizes[-1]}: τ (solid) vs naive (dashed)\nratio "
-                        f"{p['ratio']:.2f}, τ family Δ/σ {p['delta_over_sigma']:.2f}", lines, None, p["sigma"]))
+        lines = []
+        for name, style in zip(RECIPES, ("-", "--")):
+            for row in family_runs_KxR(runs, name):
+                lines.append((f"{name}/{row[0].label} ({len(row)} seeds)",
+                              np.mean([curves[r.name] for r in row], axis=0), style))
+        columns.append((f"3. family {p['tau']['sizes'][0]}–{p['tau']['sizes'][-1]}: τ (solid) vs naive (dashed)\n"
+                        f"τ: trend {p['tau']['trend']:+.1f} SE, Δ/σ {p['tau']['delta_over_sigma']:.2f} (floor "
+                        f"{p['tau']['floor']:.2f}); naive: {p['naive']['trend']:+.1f} SE", lines, None,
+                        p["tau"]["sigma"]))
     fig, axes = plt.subplots(2, len(columns), figsize=(5.5 * len(columns), 7), sharex=True, height_ratios=(2, 1),
                              squeeze=False)
     late = frac_G >= 0.1
@@ -176,7 +197,8 @@ def _runs_table(workdir: str, runs: list, finals: dict, seconds: dict) -> tuple[
         final = float(finals[r.name])
         facts[r.name] = {"n_params": plan["n_params"], "tpp": plan["tpp"], "tau": plan["tau"],
                          "weight_decay": plan["weight_decay"], "batch_seqs": plan["batch_seqs"],
-                         "base_lr": plan["base_lr"], "steps": plan["steps"], "final_eval_loss": final,
+                         "base_lr": plan["base_lr"], "steps": plan["steps"], "tokens": plan["tokens"],
+                         "final_eval_loss": final,
                          "seconds": seconds.get(r.name)}
         rows.append([r.name, f"{plan['n_params']:,}", f"{plan['tpp']:.2f}", f"{plan['tau']:.3f}",
                      f"{plan['weight_decay']:.3g}", plan["batch_seqs"], f"{plan['base_lr']:.3g}", plan["steps"],
@@ -211,22 +233,54 @@ def _panel_lines(panels: dict, base: dict) -> list[str]:
                   f"- Adjacent curves apart: {pairs} (target >= {TARGET_SEPARATION:g}σ each: {_met(p['met'])})", ""]
     if "family" in panels:
         p = panels["family"]
-        lines += ["## 3. The family collapses under the τ recipe, and the naive recipe does not", "",
-                  f"- Collapse spread (mean |ℓ − family mean|): τ {p['tau_spread']:.4f}, naive {p['naive_spread']:.4f}; "
-                  f"ratio naive / τ **{p['ratio']:.2f}** (target >= {TARGET_RATIO:g}: {_met(p['ratio'] >= TARGET_RATIO)})",
-                  f"- τ family across sizes against seed noise: Δ/σ = {p['delta']:.4f} / {p['sigma']:.4f} = "
-                  f"**{p['delta_over_sigma']:.2f}** (target <= {TARGET_DELTA_OVER_SIGMA:g}: "
-                  f"{_met(p['delta_over_sigma'] <= TARGET_DELTA_OVER_SIGMA)})", ""]
+        tau = p["tau"]
+        lines += ["## 3. A family at one TPP and one τ collapses", "",
+                  f"Sizes {', '.join(f'{s} (N = {n:,})' for s, n in zip(tau['sizes'], tau['n_params']))}: "
+                  f"{tau['n_params'][-1] / tau['n_params'][0]:.2f}× in N. ℓ̄ is a curve's mean over t̂ in [0.2, 1]; "
+                  "the trend is the slope of the seed-mean ℓ̄ against ln N over its standard error from seed noise; Δ/σ "
+                  "is the spread across sizes of the seed-mean curves against seed noise, beside the floor "
+                  "√((K−1)/(K·R)) that sizes with no difference show; MAE is the paper's metric, mean |ℓ_k − family "
+                  "mean| of each size's seed-mean curve.", ""]
+        lines += markdown.table(["recipe", "seeds per size", "ℓ̄ slope per ln N", "trend (SE)", "Δ/σ", "floor",
+                                 "MAE by size", "MAE"],
+                                [[name, "/".join(map(str, m["seeds"])), f"{m['trend_slope']:+.4f} ± {m['trend_se']:.4f}",
+                                  f"{m['trend']:+.1f}", f"{m['delta_over_sigma']:.2f}", f"{m['floor']:.2f}",
+                                  " / ".join(f"{x:.4f}" for x in m["mae_by_size"]), f"{m['mae']:.4f}"]
+                                 for name, m in ((n, p[n]) for n in RECIPES)])
+        lines += ["",
+                  f"- τ family, trend: **{tau['trend']:+.1f} SE** (target |trend| <= {TARGET_TREND:g}: "
+                  f"{_met(abs(tau['trend']) <= TARGET_TREND)})",
+                  f"- τ family, Δ/σ: **{tau['delta_over_sigma']:.2f}** against a floor of {tau['floor']:.2f} "
+                  f"(target <= {TARGET_FLOOR_MULTIPLE:g} × floor = {TARGET_FLOOR_MULTIPLE * tau['floor']:.2f}: "
+                  f"{_met(tau['delta_over_sigma'] <= TARGET_FLOOR_MULTIPLE * tau['floor'])})",
+                  f"- The naive family (no target): trend {p['naive']['trend']:+.1f} SE, Δ/σ "
+                  f"{p['naive']['delta_over_sigma']:.2f}, MAE {p['naive']['mae']:.4f}, {p['mae_ratio']:.2f}× the τ "
+                  "family's.", ""]
     return lines
 
 
-def write_report(workdir: str, runs: list, seconds: dict[str, float], quick: bool, variant: tuple[str, ...] = (),
-                 downstream: dict[str, dict] | None = None) -> dict:
+DESIGN_TITLES = {"quick": "quick (panels 1 and 2)", "default": "panels 1, 2 and 3", "full": "--full (panels 1, 2 "
+                 "and 3, the wider family)"}
+
+
+def regime_check(facts: dict[str, dict]) -> dict:
+    """Which runs are shorter than the short-run regime (`collapse.regime`), with its thresholds."""
+    from celerity_jax.collapse import regime
+
+    outside = {name: line for name, f in facts.items() if (line := regime.outside(f["steps"], f["tokens"]))}
+    return {"min_steps": regime.MIN_STEPS, "min_tokens": regime.MIN_TOKENS, "outside": sorted(outside),
+            "lines": outside}
+
+
+def write_report(workdir: str, runs: list, seconds: dict[str, float], design: str, variant: tuple[str, ...] = (),
+                 downstream: dict[str, dict] | None = None, wall_seconds: float | None = None) -> dict:
     """Measures every panel the runs cover, writes demo.png, report.md and report.json, and returns the latter's
-    content. `seconds`: each run's training time by name; `downstream`: the τ family's results files
-    (`demo.score_downstream`), for the downstream table and frontier.png."""
+    content. `seconds`: each run's training time by name; `design`: "quick", "default" or "full"; `downstream`:
+    the τ family's results files (`demo.score_downstream`), for the downstream table and frontier.png;
+    `wall_seconds`: the demo command's time until the report, when known."""
     frac_G, curves, finals = normalized_curves(workdir, runs)
     keep_G = quality_range(frac_G)
+    table, facts = _runs_table(workdir, runs, finals, seconds)
     groups = {r.group for r in runs}
     panels = {}
     if "timescale" in groups:
@@ -234,21 +288,27 @@ def write_report(workdir: str, runs: list, seconds: dict[str, float], quick: boo
     if "tpp" in groups:
         panels["tpp"] = tpp_panel(curves, runs, keep_G)
     if "naive" in groups:
-        panels["family"] = family_panel(curves, runs, frac_G, keep_G)
+        panels["family"] = family_panel(curves, runs, frac_G, {name: f["n_params"] for name, f in facts.items()})
     plot_panels(frac_G, curves, runs, panels, os.path.join(workdir, "demo.png"))
-    table, facts = _runs_table(workdir, runs, finals, seconds)
+    regime = regime_check(facts)
+    wall = f"; {wall_seconds / 60:.1f} min in all" if wall_seconds is not None else ""
     lines = ["# celerity demo: the paper's mechanism, against seed noise", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
-             f"{'quick (panels 1 and 2)' if quick else 'full (panels 1, 2 and 3)'}; {time.strftime('%Y-%m-%d %H:%M')}; "
-             f"training {sum(seconds.values()) / 60:.1f} min." + (f" Layered on every run: {'; '.join(variant)}."
-                                                                  if variant else ""), "",
+             f"{DESIGN_TITLES[design]}; {time.strftime('%Y-%m-%d %H:%M')}; training {sum(seconds.values()) / 60:.1f} "
+             f"min{wall}." + (f" Layered on every run: {'; '.join(variant)}." if variant else ""), "",
              "The measure: each run's eval loss on the same held-out batches at 50 points of t̂, divided by its final "
              f"value, on {GRID_BINS} bins, over t̂ in [0.2, 1]. σ is the spread across seeds of one setting "
-             "(panels 1 and 2: timescale/base and its repeats; panel 3: the τ family's repeated sizes).", "",
+             "(panels 1 and 2: timescale/base and its repeats; panel 3: each recipe's sizes, each with its seeds).", "",
+             f"Every run should sit in the regime where a curve's shape no longer moves with the run's length: at least "
+             f"{regime['min_steps']:,} steps and {regime['min_tokens']:,} tokens (docs/science.md, the short-run "
+             "regime). " + (f"**Outside it: {', '.join(regime['outside'])}.**" if regime["outside"]
+                            else "All of them do."), "",
              "![demo](demo.png)", ""]
     lines += _panel_lines(panels, facts["timescale/base"])
     lines += ["## Runs", ""] + table + [""]
-    summary = {"quick": quick, "train_seconds": sum(seconds.values()), **panels, "runs": facts}
+    summary = {"quick": design == "quick", "design": design, "train_seconds": sum(seconds.values()),
+               "wall_seconds": wall_seconds, "regime": {k: v for k, v in regime.items() if k != "lines"}, **panels,
+               "runs": facts}
     if downstream:
         downstream_lines, summary["downstream"] = _downstream_report(workdir, downstream)
         lines += downstream_lines

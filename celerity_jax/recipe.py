@@ -49,6 +49,9 @@ class RecipeConfig:
     wsd_decay_frac: float = 0.2
     adam_b1: float = 0.9
     adam_b2: float = 0.95
+    # β2 from a half-life of Adam's second moment as a fraction of training (β2 = 0.5^(1/(h·T))), instead of
+    # adam_b2: the memory then spans the same t̂ at every run length. None: adam_b2 as given (the default).
+    adam_b2_half_life: float | None = None
     adam_eps: float = 1e-8  # base eps; each leaf's is this × its CompleteP eps multiplier
     grad_clip: float = 1.0  # global-norm clip; 0 turns clipping off
     bands: tuple[float, ...] = (20.0, 80.0, 234.0)  # TPP bands whose tokens and FLOPs are reported
@@ -78,6 +81,8 @@ class RecipeConfig:
                self.warmup_tokens, "must be >= 0, or None for warmup_frac alone")
         for name in ("adam_b1", "adam_b2"):
             _check(0 <= getattr(self, name) < 1, name, getattr(self, name), "must be in [0, 1)")
+        _check(self.adam_b2_half_life is None or 0 < self.adam_b2_half_life < 1, "adam_b2_half_life",
+               self.adam_b2_half_life, "must be a fraction of training in (0, 1), e.g. 0.01, or None for adam_b2")
         _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0 (0 turns it off)")
         _check(len(self.bands) > 0 and all(b > 0 for b in self.bands), "bands", self.bands,
                "must be a non-empty tuple of positive TPPs, e.g. (20, 80, 234)")
@@ -144,6 +149,12 @@ def tau_law(tpp: float, coef: float = 0.78, exponent: float = -0.5) -> float:
 def batch_law(tokens: float, coef: float = 20.0, exponent: float = 0.5) -> float:
     """Batch size in tokens as a power law in the token budget."""
     return coef * tokens**exponent
+
+
+def adam_b2_for_half_life(half_life_frac: float, steps: int) -> float:
+    """β2 whose second-moment average halves its weight over `half_life_frac` of `steps` steps."""
+    _check_positive(half_life_frac=half_life_frac, steps=steps)
+    return 0.5 ** (1.0 / (half_life_frac * steps))
 
 
 def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
@@ -215,7 +226,9 @@ def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
         lr_hidden=lr_hidden, lr_peak=lr_peak, weight_decay=weight_decay, tau=tau,
         decay_convention=r.decay_convention, weight_decay_mult=weight_decay_mult,
         tau_by_role={role: tau_from(batch_tokens, lr, weight_decay, tokens) for role, lr in decay_lr.items()},
-        adam_b1=r.adam_b1, adam_b2=r.adam_b2, adam_eps=r.adam_eps, grad_clip=r.grad_clip,
+        adam_b1=r.adam_b1,
+        adam_b2=r.adam_b2 if r.adam_b2_half_life is None else adam_b2_for_half_life(r.adam_b2_half_life, steps),
+        adam_eps=r.adam_eps, grad_clip=r.grad_clip,
         flops_per_token=fpt, train_flops=fpt * tokens, bands=bands)
 
 

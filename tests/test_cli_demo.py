@@ -5,3 +5,14 @@ def test_demo_refuses_an_unknown_size_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "d999" in err and "experiments/demo/sizes" in err
     assert not (tmp_path / "demo").exists()
+
+
+def test_quick_and_full_exclude_each_other(tmp_path, capsys):
+    import pytest
+
+    from celerity_jax.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--workdir", str(tmp_path / "demo"), "--quick", "--full"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()

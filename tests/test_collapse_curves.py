@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from celerity_jax.collapse import curves, surrogate
+from celerity_jax.errors import ConfigError
 
 N_BINS = 200
 WIDTH = 5
@@ -211,3 +212,42 @@ def test_loss_ema_continues_across_chunks_exactly():
     only_nan_T, same = curves.loss_ema(np.full(3, np.nan), 0.9, carry)
     assert same == carry and np.all(only_nan_T == whole_T[-1])
     assert np.isnan(curves.loss_ema([np.nan], 0.9)[0][0])
+
+
+def _family(shift_K, seeds=3, noise=0.01, n_bins=50, rng_seed=0):
+    """K sizes × `seeds` curves: a shared shape, each size shifted by shift_K, each seed with its own offset and
+    wiggle of std `noise`."""
+    rng = np.random.default_rng(rng_seed)
+    frac_G = curves.bin_centers(n_bins)
+    shape_G = 1 + 0.3 * (1 - frac_G) ** 2
+    k = len(shift_K)
+    return frac_G, (shape_G + np.asarray(shift_K)[:, None, None]
+                    + noise * rng.standard_normal((k, seeds, 1)) + 0.1 * noise * rng.standard_normal((k, seeds, n_bins)))
+
+
+def test_family_measures_see_a_steady_drift_that_delta_over_sigma_misses():
+    n_K = 1e5 * 2.0 ** np.arange(5)
+    drift_K = 0.004 * np.log(n_K / n_K[0])  # 0.011 over 16× in N, 0.003 between neighbours: σ's size
+    frac_G, drifting = _family(drift_K, noise=0.003)
+    m = curves.family_measures(drifting, n_K, frac_G)
+    assert m["delta_over_sigma"] < 1.5
+    assert abs(m["trend_slope"] - 0.004) < 3 * m["trend_se"] and m["trend"] > 3
+    assert m["floor"] == pytest.approx(math.sqrt(4 / 15))  # √((K−1)/(K·R)), K = 5 sizes, R = 3 seeds
+    assert m["mae_by_size"][0] > m["mae_by_size"][2] < m["mae_by_size"][4]  # the middle sits on the mean
+    flat = curves.family_measures(_family(np.zeros(5), noise=0.003, rng_seed=1)[1], n_K, frac_G)
+    assert abs(flat["trend"]) < 3 and flat["delta_over_sigma"] < 2 * flat["floor"]
+    assert flat["mae"] < m["mae"]
+
+
+def test_family_measures_seed_floor_and_refusals():
+    assert curves.supercollapse_floor([2, 2, 2]) == pytest.approx(math.sqrt(2 / 6))
+    assert curves.supercollapse_floor([1, 3]) == pytest.approx(math.sqrt(0.5 * (1 + 1 / 3) / 2))
+    frac_G, fam = _family([0.0, 0.01], seeds=1)
+    with pytest.raises(ConfigError, match="two seeds"):
+        curves.family_measures(fam, [1e5, 2e5], frac_G)
+    frac_G, fam = _family([0.0, 0.01])
+    with pytest.raises(ConfigError, match="same N"):
+        curves.family_measures(fam, [1e5, 1e5], frac_G)
+    # A size with a missing seed (NaN row) is measured on the seeds it has.
+    fam[1, 2] = np.nan
+    assert curves.family_measures(fam, [1e5, 2e5], frac_G)["seeds"] == [3, 2]

@@ -160,6 +160,16 @@ def test_fixed_weight_decay_lets_tau_follow():
         RecipeConfig(weight_decay=0.1, tau=0.2)
 
 
+def test_adam_b2_from_a_half_life_in_t_hat_spans_the_same_fraction_of_every_run():
+    assert recipe.make_plan(TINY, TINY_RECIPE).adam_b2 == 0.95  # the default leaves β2 as given
+    for tpp in (5.0, 20.0):
+        plan = recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, tpp=tpp, adam_b2_half_life=0.02))
+        assert plan.adam_b2 ** (0.02 * plan.steps) == pytest.approx(0.5)
+    short, long_ = (recipe.make_plan(TINY, dataclasses.replace(TINY_RECIPE, tpp=t, adam_b2_half_life=0.02)).adam_b2
+                    for t in (5.0, 20.0))
+    assert short < long_ < 1
+
+
 def test_warmup_rule():
     celerity = recipe.make_plan(presets.preset("celerity-300m"), RecipeConfig())
     assert celerity.warmup_steps == round(375e6 / celerity.batch_tokens)  # 10% would be 541M tokens
@@ -191,7 +201,7 @@ def test_plan_to_json_round_trip():
 @pytest.mark.parametrize("field, value", [
     ("tau", 0.0), ("tau", -0.1), ("tpp", 0.0), ("base_lr", -1.0), ("batch_seqs", 0),
     ("seq_len", 0), ("warmup_frac", 1.0), ("schedule", "linear"), ("batch_seqs", 8.0),
-    ("adam_b2", 1.0), ("bands", ()), ("weight_decay", 0.0), ("decay_convention", "equal_rate"),
+    ("adam_b2", 1.0), ("adam_b2_half_life", 0.0), ("adam_b2_half_life", 1.0), ("bands", ()), ("weight_decay", 0.0), ("decay_convention", "equal_rate"),
 ])
 def test_bad_recipe_fields_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"RecipeConfig.{field}"):

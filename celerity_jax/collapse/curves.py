@@ -193,6 +193,53 @@ def supercollapse(curves_KxRxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
             "frac_below": jnp.sum((delta_G < sigma_G) * keep_G) / jnp.sum(keep_G)}
 
 
+def supercollapse_floor(seeds_K) -> float:
+    """The Δ/σ a family with no size effect shows on average (to first order): √((K−1)/K · mean_k 1/R_k) for K
+    sizes with R_k seeds, since each seed mean then scatters by σ/√R_k; √((K−1)/(K·R)) at R seeds each."""
+    seeds_K = np.asarray(seeds_K, float)
+    k = len(seeds_K)
+    return float(np.sqrt((k - 1) / k * np.mean(1.0 / seeds_K)))
+
+
+def family_measures(curves_KxRxG: np.ndarray, n_params_K, frac_G: np.ndarray, lo: float = 0.2,
+                    hi: float = 1.0) -> dict:
+    """How a family's normalized curves depend on size, against seed noise, over t̂ ∈ [lo, hi].
+
+    K sizes × R seeds (NaN rows for missing seeds), at least two sizes and one size with two seeds. ℓ̄ is a
+    curve's mean over the range.
+    - trend: the least-squares slope of the seed-mean ℓ̄ against ln N (`trend_slope`), its standard error from
+      the seed scatter of ℓ̄ (`trend_se`), and their ratio (`trend`). A family that drifts steadily with N has a
+      large |trend| even where Δ/σ, blind to order, is small.
+    - `delta_over_sigma` (`supercollapse`), with `floor` (`supercollapse_floor`) beside it;
+    - `mae_by_size`: the paper's metric, mean |ℓ_k − family mean| of each size's seed-mean curve; `mae` their
+      mean (`collapse_quality`'s mean_abs_dev over the seed means).
+    """
+    curves_KxRxG = np.asarray(curves_KxRxG, float)
+    keep_G = (frac_G >= lo) & (frac_G <= hi)
+    valid_KxR = np.all(np.isfinite(curves_KxRxG), axis=2)
+    seeds_K = valid_KxR.sum(axis=1)
+    if len(seeds_K) < 2 or seeds_K.min() < 1 or seeds_K.max() < 2:
+        raise ConfigError(f"a family's measures need two sizes or more, each with a curve, and a size with two seeds "
+                          f"(seeds by size: {seeds_K.tolist()})")
+    mean_KxR = np.where(valid_KxR, np.nanmean(np.where(keep_G, curves_KxRxG, np.nan), axis=2), np.nan)
+    mean_K = np.nanmean(mean_KxR, axis=1)
+    seed_var = np.nanmean([np.nanvar(row, ddof=1) for row, r in zip(mean_KxR, seeds_K) if r > 1])
+    x_K = np.log(np.asarray(n_params_K, float))
+    dx_K = x_K - x_K.mean()
+    sxx = float(np.sum(dx_K**2))
+    if sxx == 0:
+        raise ConfigError("a family's sizes all have the same N; the trend needs sizes that differ")
+    slope = float(dx_K @ (mean_K - mean_K.mean()) / sxx)
+    se = float(np.sqrt(np.sum(dx_K**2 * seed_var / seeds_K)) / sxx)
+    seed_mean_KxG = np.nanmean(curves_KxRxG, axis=1)
+    mae_K = np.abs(seed_mean_KxG - seed_mean_KxG.mean(axis=0))[:, keep_G].mean(axis=1)
+    super_ = {k: float(v) for k, v in supercollapse(curves_KxRxG, frac_G, lo, hi).items()}
+    return {"trend_slope": slope, "trend_se": se, "trend": slope / se if se > 0 else float("inf") * np.sign(slope),
+            "delta": super_["delta"], "sigma": super_["sigma"], "delta_over_sigma": super_["ratio"],
+            "floor": supercollapse_floor(seeds_K), "mae_by_size": [float(m) for m in mae_K], "mae": float(mae_K.mean()),
+            "seeds": [int(r) for r in seeds_K]}
+
+
 def loss_ema(loss_T, decay: float, carry: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, tuple[float, float]]:
     """Bias-corrected exponential moving average of the finite losses: (ema_T, carry).
 

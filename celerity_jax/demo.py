@@ -3,15 +3,17 @@
 1. `timescale`: at the smallest size, settings of (batch, LR, weight decay) with equal AdamW timescale τ trace
    one curve, and τ/4 and 4τ trace others;
 2. `tpp`: at the same size and τ, half and twice the tokens per parameter trace other curves;
-3. `family`: sizes spanning 8× in N collapse under the τ recipe (one TPP, τ from the law, λ derived) and not
-   under the naive one (Llama-2's practice: one token budget, LR, batch and weight decay for every size).
+3. `family`: sizes at one TPP under the τ recipe (τ from the law, λ derived), each with seeds, measured for
+   collapse against seed noise, beside the naive recipe (Llama-2's practice: one token budget, LR, batch and
+   weight decay for every size).
 
-Every run evaluates the same fixed held-out batches at 50 points of t̂ (experiments/demo/eval.gin); the demo's
-collapse measure is that eval curve divided by its final value, over t̂ in [0.2, 1]. Seed noise σ comes from
-repeats of the smallest size's τ run (and of the middle size's, for the family). The measures, the figure and
-the report are `demo_report.py`; the tau family's final checkpoints are also scored downstream on the built-in
-task. Each run is an ordinary run directory with its own TensorBoard events; rerunning resumes unfinished runs
-and skips finished ones. The command line is `celerity_jax/cli/demo.py`.
+A `Design` says which family and seeds a form trains: QUICK (panels 1 and 2), DEFAULT (`make demo`) and FULL
+(`--full`, a wider family scored downstream on the built-in task). Every run of every form sits in the short-run
+regime (collapse/regime.py). Every run evaluates the same fixed held-out batches at 50 points of t̂
+(experiments/demo/eval.gin); the demo's collapse measure is that eval curve divided by its final value, over t̂ in
+[0.2, 1]. The measures, the figure and the report are `demo_report.py`. Each run is an ordinary run directory
+with its own TensorBoard events; rerunning resumes unfinished runs and skips finished ones. The command line is
+`celerity_jax/cli/demo.py`.
 
 This module imports only the standard library and light project modules at the top, so that the command
 line can read its defaults cheaply; the rest is imported where it is used.

@@ -9,10 +9,12 @@ the references are all the other sizes (the nearest in log N alone, or the famil
 `--synthetic` writes a drifting surrogate family first; `--by-tpp` evaluates each TPP's family of the CURVEs
 (e.g. the OLMo ladder's token budgets); `--loss-curve train,eval` evaluates each on both curves. Every table
 ends with the goal (family-aware error ≤ 0.5× the single-reference error at 10–30% of training), met or
-missed, with the ratios. Variants tried against the goal: `--window-start a` aligns over [a·f, f] instead;
-`--shrunk` also scores the family-aware curve with each t̂'s slope in log N shrunk toward 0 by its
-signal-to-noise, w = s²/(s² + se²) (needs 3 or more reference sizes); `--exact-frac` also scores both
-predictors with each point of the window aligned at its own t̂ (`predict_exact`).
+missed, with the ratios. Every cell also scores "chosen": the method predictor.choose_method picks at that
+fraction from the target's references alone (never the target), with `chosen_vs_plain`, its error over the
+single-reference error. Variants tried against the goal: `--window-start a` aligns over [a·f, f] instead;
+`--shrunk` also scores the predictor's "shrunk" method, the family-aware curve with each t̂'s slope in log N shrunk
+toward 0 by its signal-to-noise (needs 3 or more reference sizes); `--exact-frac` also scores both predictors with
+each point of the window aligned at its own t̂ (`predict_exact`).
 
     python benchmarks/collapse_predictor.py runs/d48 runs/d64 runs/d80 ... [--out bench_out/collapse_predictor.json]
     python benchmarks/collapse_predictor.py benchmarks/data/cpu-families/tpp5/*/* --leave-one-out \
@@ -23,8 +25,8 @@ predictors with each point of the window aligned at its own t̂ (`predict_exact`
 """
 
 import argparse
+import dataclasses
 import json
-import math
 import os
 import tempfile
 
@@ -53,19 +55,6 @@ def write_synthetic_family(directory: str, seeds: int = 2, steps: int = 3000) ->
                 json.dump({"n_params": n, "tpp": 20, "tau": 0.17, "schedule": "d2z", "warmup_frac": 0.1}, f)
             paths.append(path)
     return paths
-
-
-def shrunk_family_curve(refs: list, frac_G: np.ndarray, n_target: float) -> np.ndarray:
-    """curves.family_curve with the slope of log l in log N at each t̂ multiplied by s²/(s² + se²), its
-    estimate's signal-to-noise weight (se from the fit's residuals; no shrinkage information with 2 sizes)."""
-    log_l_KxG = np.log(np.stack([np.interp(frac_G, r.frac_G, r.normalized_G) for r in refs]))
-    x_K = np.log([r.controls.n_params for r in refs])
-    dx_K, mean_G = x_K - x_K.mean(), log_l_KxG.mean(axis=0)
-    slope_G = dx_K @ (log_l_KxG - mean_G) / (dx_K @ dx_K)
-    residual_KxG = log_l_KxG - mean_G - np.outer(dx_K, slope_G)
-    se2_G = (residual_KxG**2).sum(axis=0) / max(len(refs) - 2, 1) / (dx_K @ dx_K)
-    weight_G = np.where(slope_G**2 + se2_G > 0, slope_G**2 / np.maximum(slope_G**2 + se2_G, 1e-30), 1.0)
-    return np.exp(mean_G + weight_G * slope_G * (math.log(n_target) - x_K.mean()))
 
 
 def predict_exact(run: Curve, ref_G: np.ndarray, upto: float, align_start: float = 0.5) -> float:
@@ -98,7 +87,7 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
     sizes = sorted(by_size)
     refs = {n: reference.reference_from_curves(by_size[n], n_bins, smooth_bins, force=force) for n in sizes}
     frac_G = curves.bin_centers(n_bins)
-    rows = []
+    rows, choices = [], []
     for i, target in enumerate(sizes):
         others = [refs[n] for n in sizes if n != target] if leave_one_out else [refs[n] for n in sizes[:i]]
         if len(others) < 2:
@@ -106,15 +95,19 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
         candidates = {"single": predictor.reference_for(others, frac_G, target, "nearest"),
                       "family": predictor.reference_for(others, frac_G, target, "family")}
         if shrunk and len(others) > 2:
-            candidates["family_shrunk"] = shrunk_family_curve(others, frac_G, target)
+            candidates["family_shrunk"] = predictor.reference_for(others, frac_G, target, "shrunk")
+        chosen = {f: predictor.choose_method(others, frac_G, f, align_start=window_start) for f in fracs}
+        choices += [{"n_params": target, "frac": f, **dataclasses.asdict(c)} for f, c in chosen.items()]
+        chosen_G = {f: predictor.reference_for(others, frac_G, target, c.method) for f, c in chosen.items()}
         for run in by_size[target]:
             sum_G, count_G = curves.bin_curve(run.frac_T, run.loss_T, n_bins)
             true_final = float(curves.smooth(sum_G, count_G, smooth_bins)[0][-1])
             for f in fracs:
                 row = {"curve": run.source, "n_params": target, "references": len(others), "frac": f}
-                for name, ref_G in candidates.items():
+                for name, ref_G in {**candidates, "chosen": chosen_G[f]}.items():
                     pred = predictor.predict(run, ref_G, upto=f, align_start=window_start)
                     row[f"{name}_error"] = pred.final / true_final - 1.0
+                row["chosen_method"] = chosen[f].method
                 if exact_frac:
                     for name in ("single", "family"):
                         pred = predict_exact(run, candidates[name], f, window_start)
@@ -123,20 +116,26 @@ def evaluate(paths: list[str], fracs: list[float], n_bins: int, smooth_bins: int
     if not rows:
         raise ConfigError(f"{len(sizes)} size(s) given; the benchmark needs at least 3 (two as references)")
     # family_shrunk is scored only on targets with 3 or more references: its ratio is over those same targets
-    names = [n for n in ("single", "family", "family_shrunk", "single_exact", "family_exact")
+    names = [n for n in ("single", "family", "family_shrunk", "single_exact", "family_exact", "chosen")
              if any(f"{n}_error" in r for r in rows)]
     summary = {}
     for f in fracs:
         summary[f] = {name: float(np.mean([abs(r[f"{name}_error"]) for r in rows
                                            if r["frac"] == f and f"{name}_error" in r])) for name in names}
+        summary[f]["chosen_vs_plain"] = summary[f]["chosen"] / summary[f]["single"]
+        # the seed noise of that comparison: the standard error of the paired difference of |error| over targets
+        diff_R = [abs(r["chosen_error"]) - abs(r["single_error"]) for r in rows if r["frac"] == f]
+        summary[f]["chosen_minus_plain_se"] = float(np.std(diff_R, ddof=1) / np.sqrt(len(diff_R))) \
+            if len(diff_R) > 1 else float("nan")
         for name in names:
-            if name.startswith("single"):
+            if name.startswith("single") or name == "chosen":
                 continue
             base = "single_exact" if name.endswith("_exact") else "single"
             scored = [r for r in rows if r["frac"] == f and f"{name}_error" in r]
             summary[f][f"{name}_over_{base}"] = summary[f][name] / float(np.mean([abs(r[f"{base}_error"])
                                                                                 for r in scored]))
-    return {"rows": rows, "mean_abs_error": summary, "sizes": sizes, "n_bins": n_bins, "smooth_bins": smooth_bins,
+    return {"rows": rows, "mean_abs_error": summary, "choices": choices, "sizes": sizes, "n_bins": n_bins,
+            "smooth_bins": smooth_bins,
             "leave_one_out": leave_one_out, "loss_curve": loss, "window_start": window_start,
             "exact_frac": exact_frac}
 
@@ -152,17 +151,45 @@ def goal(summary: dict, ratio: str = "family_over_single") -> dict:
     return {"met": bool(ratios) and all(r <= GOAL_RATIO for r in ratios.values()), "ratios": ratios}
 
 
+CHOSEN_NOISE_SE = 2.0  # "never worse than plain": chosen − plain mean |error| within this many standard errors
+
+
+def goal_chosen(summary: dict, sizes: int) -> dict:
+    """The chosen method's goals: never worse than plain alignment in any cell (its excess mean |error| within
+    CHOSEN_NOISE_SE standard errors of the paired difference), and, on families of 4 sizes or more, at most
+    GOAL_RATIO× plain at every fraction of GOAL_FRACS; with the ratios."""
+    ratios = {f: e["chosen_vs_plain"] for f, e in summary.items()}
+    never_worse = all(e["chosen"] - e["single"] <= CHOSEN_NOISE_SE * np.nan_to_num(e["chosen_minus_plain_se"])
+                      for e in summary.values())
+    halved = {f: r for f, r in ratios.items() if GOAL_FRACS[0] <= f <= GOAL_FRACS[1]}
+    return {"never_worse_met": bool(never_worse), "halved_met": (all(r <= GOAL_RATIO for r in halved.values())
+                                                                  if sizes >= 4 else None), "ratios": ratios}
+
+
 def print_table(title: str, result: dict, window_start: float) -> None:
     print(f"{title}: {len(result['sizes'])} sizes, {len({r['curve'] for r in result['rows']})} target runs; "
           f"mean |predicted / real final loss - 1|, aligned over t̂ in [{window_start:g}·f, f]")
     columns = next(iter(result["mean_abs_error"].values()))
-    names = [n for n in columns if "_over_" not in n]
-    ratios = [n for n in columns if "_over_" in n]
+    ratios = [n for n in columns if "_over_" in n or n == "chosen_vs_plain"]
+    names = [n for n in columns if n not in ratios]
     print(f"{'seen f':>7s} " + " ".join(f"{n:>14s}" for n in names) + " "
-          + " ".join(f"{n.replace('_over_', '/'):>{max(21, len(n) - 4)}s}" for n in ratios))
+          + " ".join(f"{n.replace('_over_', '/').replace('_vs_plain', '/single'):>{max(21, len(n) - 4)}s}"
+                     for n in ratios))
     for f, errors in result["mean_abs_error"].items():
         print(f"{f:7.2f} " + " ".join(f"{100 * errors[n]:13.3f}%" for n in names) + " "
               + " ".join(f"{errors[n]:{max(20, len(n) - 5)}.2f}x" for n in ratios))
+    chosen: dict[float, list[str]] = {}
+    for choice in result["choices"]:
+        chosen.setdefault(choice["frac"], []).append(choice["method"])
+    print("chosen (targets by method): " + "; ".join(
+        f"{f:g} " + ", ".join(f"{m} {methods.count(m)}" for m in dict.fromkeys(methods))
+        for f, methods in chosen.items()))
+    g = result["goal_chosen"]
+    print(f"goal chosen never worse than single (within {CHOSEN_NOISE_SE:g} SE): "
+          f"{'MET' if g['never_worse_met'] else 'MISSED'}; chosen <= {GOAL_RATIO:g}x single at t̂ "
+          f"{GOAL_FRACS[0]:g}-{GOAL_FRACS[1]:g}: "
+          + ("not scored (fewer than 4 sizes)" if g["halved_met"] is None else "MET" if g["halved_met"] else "MISSED")
+          + " (" + ", ".join(f"{f:g}: {r:.2f}x" for f, r in g["ratios"].items()) + ")")
     for key, label in (("goal", "family"), ("goal_exact", "family_exact")):
         if key in result:
             g = result[key]
@@ -212,6 +239,8 @@ def main() -> int:
                 results[name] = evaluate(family, fracs, args.bins, args.smooth_bins, args.force, args.leave_one_out,
                                          loss, args.window_start, args.shrunk, args.exact_frac)
                 results[name]["goal"] = goal(results[name]["mean_abs_error"])
+                results[name]["goal_chosen"] = goal_chosen(results[name]["mean_abs_error"],
+                                                           len(results[name]["sizes"]))
                 if args.exact_frac:
                     results[name]["goal_exact"] = goal(results[name]["mean_abs_error"],
                                                        "family_exact_over_single_exact")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from celerity_jax import cli
-from celerity_jax.collapse import files, surrogate
+from celerity_jax.collapse import files, predictor, surrogate
+from celerity_jax.collapse.curves import bin_centers
 
 STEPS = 1200
 GRID = ["--bins", "200"]
@@ -65,19 +66,35 @@ def test_reference_and_family_aware_predict(capsys, family):
     assert data["controls"]["n_params"] == 1e5 and len(data["frac"]) == 200 and data["provenance"]["n_seeds"] == 2
 
     partial = _write_run(str(d / "partial.csv"), SIZES[3], 77, steps=STEPS * 2 // 5)
-    code, out, _ = _celerity(capsys, "predict", "--reference", ",".join(refs), "--curve", partial, *GRID)
-    assert code == 0 and "predicted final loss" in out and "family-aware" in out and "single reference" in out
-    code, out, _ = _celerity(capsys, "predict", "--reference", ",".join(refs), "--curve", partial, "--json", *GRID)
+    predict = ("predict", "--reference", ",".join(refs), "--curve", partial, *GRID)
+    code, out, _ = _celerity(capsys, *predict, "--method", "family")
+    assert code == 0 and "predicted final loss" in out and "by the family method" in out and "single reference" in out
+    assert "method family: as asked" in out
+    # every reference was built from runs of 1,200 steps: each gets the short-run regime's warning
+    assert out.count("warning: reference ") == 3 and out.count("1,200 steps (< 1,300): shorter than the regime") == 3
+    code, out, _ = _celerity(capsys, *predict, "--method", "family", "--json")
     result = json.loads(out)
-    assert result["method"] == "family-aware" and result["observed_frac"] == pytest.approx(0.4)
+    assert result["method"] == "family" and result["observed_frac"] == pytest.approx(0.4)
     assert result["pred_final_loss"] == pytest.approx(_final(SIZES[3]), rel=0.01)
     lo, hi = result["interval_95"]
     assert lo < result["pred_final_loss"] < hi
-    assert "single_reference" in result
+    assert "single_reference" in result and len(result["warnings"]) == 3 and refs[0] in result["warnings"][0]
+
+    code, out, _ = _celerity(capsys, *predict, "--json")  # --method auto: chosen from the references alone
+    result = json.loads(out)
+    choice = predictor.choose_method([files.load_reference(p) for p in refs], bin_centers(200), 0.4,
+                                     (0.25, 0.5))
+    assert (result["method"], result["method_reason"], result["method_scores"]) == (choice.method, choice.reason,
+                                                                                   choice.scores)
+    assert set(result["method_scores"]) == {"nearest", "family"} and "leave-one-size-out" in result["method_reason"]
     written = str(d / "prediction.json")
-    code, out, _ = _celerity(capsys, "predict", "--reference", ",".join(refs), "--curve", partial, "--json", written,
-                             *GRID)
+    code, out, _ = _celerity(capsys, *predict, "--json", written)
     assert code == 0 and f"wrote {written}" in out and "predicted final loss" in out and _json(written) == result
+    assert f"method {choice.reason}" in out
+    code, out, _ = _celerity(capsys, *predict, "--method", "nearest", "--json")
+    assert json.loads(out)["method"] == "nearest" and "single_reference" not in json.loads(out)
+    code, _, err = _celerity(capsys, *predict, "--method", "best")
+    assert code == 2 and "prediction method 'best' is unknown; use one of auto, nearest, family, shrunk" in err
 
 
 def test_compare_draws_and_reports_quality(capsys, family):

@@ -10,6 +10,8 @@ import pytest
 from celerity_jax import cli
 from celerity_jax.collapse import curves, files, monitor, predictor, reference, surrogate
 from celerity_jax.collapse.config import CurveGrid, replay_config
+from celerity_jax.collapse.controls import Controls
+from celerity_jax.collapse.types import Reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.sweep import runner
 
@@ -76,7 +78,7 @@ def test_every_user_of_prediction_gives_the_same_number(family, capsys):
     nearest_G = predictor.reference_for(loaded, frac_G, SIZES[3], "nearest")
     np.testing.assert_array_equal(nearest_G, reference.reference_curve([loaded[2]], frac_G))
     assert np.abs(np.asarray(family_G) - np.asarray(nearest_G)).max() > 1e-3
-    with pytest.raises(ConfigError, match="prediction method 'closest' is unknown; use one of nearest, family"):
+    with pytest.raises(ConfigError, match="method 'closest' is unknown; use one of nearest, family, shrunk"):
         predictor.reference_for(loaded, frac_G, SIZES[3], "closest")
 
     # the in-loop monitor and `celerity collapse predict`, over the fixed window [0.25, 0.5], at t̂ = 0.4
@@ -88,8 +90,9 @@ def test_every_user_of_prediction_gives_the_same_number(family, capsys):
     assert float(metrics["collapse/pred_final_loss"]) == pred.final
     assert float(metrics["collapse/pred_final_loss_err"]) == pred.err
     assert cli.main(["collapse", "predict", "--reference", ",".join(refs), "--curve", partial, "--bins",
-                     str(N_BINS), "--json"]) == 0
+                     str(N_BINS), "--method", "family", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "family" and out["method_reason"] == "family: as asked"
     assert out["pred_final_loss"] == pred.final and out["pred_final_loss_err"] == pred.err
     single = predictor.predict(run, nearest_G, window=cfg.align_window, min_span=cfg.min_align_span)
     assert out["single_reference"]["pred_final_loss"] == single.final
@@ -108,6 +111,13 @@ def test_every_user_of_prediction_gives_the_same_number(family, capsys):
     for name, ref_G in (("single", nearest_G), ("family", family_G)):
         expected = predictor.predict(target, ref_G, upto=0.3).final / true_final - 1.0
         assert row[f"{name}_error"] == pytest.approx(expected, abs=1e-6)  # its references are not read from JSON
+    # "chosen" is the method choose_method picks from the target's references alone
+    choice = predictor.choose_method(loaded, frac_G, 0.3)
+    chosen = predictor.predict(target, predictor.reference_for(loaded, frac_G, SIZES[3], choice.method), upto=0.3)
+    assert row["chosen_method"] == choice.method == result["choices"][-1]["method"]
+    assert row["chosen_error"] == pytest.approx(chosen.final / true_final - 1.0, abs=1e-6)
+    cell = result["mean_abs_error"][0.3]
+    assert cell["chosen_vs_plain"] == pytest.approx(cell["chosen"] / cell["single"])
 
 
 def test_a_prediction_needs_the_window_started(family):
@@ -152,4 +162,84 @@ def test_the_cpu_families_stored_curves_give_the_recorded_results():
         recorded = json.load(f)["families"]["family, eval curve"]["mean_abs_error"]
     result = _benchmark().evaluate(paths, [0.1, 0.2, 0.3, 0.5], N_BINS, 11, False, leave_one_out=True, loss="eval")
     for frac, errors in result["mean_abs_error"].items():
-        assert errors == pytest.approx(recorded[str(frac)], rel=1e-5)
+        assert {k: errors[k] for k in recorded[str(frac)]} == pytest.approx(recorded[str(frac)], rel=1e-5)
+
+
+GRID_G = curves.bin_centers(100)
+
+
+def _drifting_refs(shift_K, sizes=(1e5, 2e5, 4e5, 8e5), final: float = 3.0) -> list:
+    """References whose log normalized curve moves by shift_k·(1 − t̂) at size k (1 at t̂ = 1 for all)."""
+    base_G = 1.0 + 0.8 * (1.0 - GRID_G)**2
+    return [Reference(GRID_G, base_G * np.exp(shift * (1.0 - GRID_G)), None, Controls(n_params=n), 0.0, final,
+                      {"kind": "curves"}, f"ref_{int(n)}.json") for shift, n in zip(shift_K, sizes)]
+
+
+def test_shrunk_family_curve_keeps_a_resolved_slope_and_shrinks_a_noisy_one():
+    drift = _drifting_refs([0.0, 0.02, 0.04])  # log l exactly linear in log N: no residual, no shrinkage
+    family_G = predictor.reference_for(drift, GRID_G, 1.6e6, "family")
+    np.testing.assert_allclose(predictor.reference_for(drift, GRID_G, 1.6e6, "shrunk"), family_G, rtol=1e-5)
+    zigzag = _drifting_refs([0.0, 0.05, 0.0, 0.05])  # a slope well below its standard error
+    mean_G = predictor.reference_for(zigzag, GRID_G, None, "family")  # the geometric mean
+    far_G = [np.asarray(predictor.reference_for(zigzag, GRID_G, 1e8, m)) for m in ("family", "shrunk")]
+    assert np.abs(far_G[1] - mean_G).max() < 0.5 * np.abs(far_G[0] - mean_G).max()
+    with pytest.raises(ConfigError, match="shrunk method needs the run's N and references of 3 sizes"):
+        predictor.reference_for(drift[:2], GRID_G, 1.6e6, "shrunk")
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_choose_method_picks_family_when_it_predicts_the_held_out_sizes_better(offset):
+    choice = predictor.choose_method(_drifting_refs([0.0, 0.02, 0.04], sizes=SIZES[:3]), GRID_G, 0.3, offset=offset)
+    assert choice.method == "family" and set(choice.scores) == {"nearest", "family"}
+    assert choice.scores["family"] < 1e-4 < choice.scores["nearest"]
+    assert choice.reason.startswith("family: leave-one-size-out error at t̂ 0.3 0.00% against nearest ")
+    assert choice.reason.endswith("(3 sizes)")
+
+
+def test_choose_method_keeps_nearest_when_family_loses_or_wins_within_the_noise():
+    zigzag = predictor.choose_method(_drifting_refs([0.02, -0.02, 0.02], sizes=SIZES[:3]), GRID_G, 0.3)
+    assert zigzag.method == "nearest" and zigzag.scores["family"] > zigzag.scores["nearest"]
+    assert zigzag.reason.startswith("nearest: leave-one-size-out error at t̂ 0.3")
+    # held-out gains of family over nearest about −0.2, 0.4 and 1.0 (×0.02): a better mean, but not beyond 2 SE
+    noisy = predictor.choose_method(_drifting_refs([0.0, 0.02, 0.064], sizes=SIZES[:3]), GRID_G, 0.3)
+    assert noisy.method == "nearest" and noisy.scores["family"] < noisy.scores["nearest"]
+    assert noisy.reason.startswith("nearest: family's leave-one-size-out error")
+    assert "within 2 standard errors" in noisy.reason
+    # with 4 sizes shrunk is scored too; on a line it is the family curve, so either may score lowest
+    four = predictor.choose_method(_drifting_refs([0.0, 0.02, 0.04, 0.06]), GRID_G, 0.3)
+    assert set(four.scores) == set(predictor.METHODS) and four.method in ("family", "shrunk")
+
+
+def test_choose_method_with_too_few_sizes_is_nearest():
+    refs = _drifting_refs([0.0, 0.02, 0.04], sizes=SIZES[:3])
+    one = predictor.choose_method([refs[0], dataclasses.replace(refs[1], controls=refs[0].controls)], GRID_G, 0.3)
+    assert one == predictor.Choice("nearest", {}, "nearest: the references have one size, so there is no other "
+                                                  "method to choose")
+    two = predictor.choose_method(refs[:2], GRID_G, 0.3)
+    assert two.method == "nearest" and set(two.scores) == {"nearest"}
+    assert "leave-one-size-out can score no other method" in two.reason
+    unknown = predictor.choose_method([refs[0], dataclasses.replace(refs[1], controls=Controls())], GRID_G, 0.3)
+    assert unknown.method == "nearest" and "N unknown" in unknown.reason
+    empty = predictor.choose_method(refs, GRID_G, 0.3, window=(0.6, 0.8))  # no bin of the window seen at 0.3
+    assert empty.method == "nearest" and empty.scores == {} and "no size could be predicted" in empty.reason
+
+
+def test_method_for_takes_a_named_method_or_chooses():
+    refs = _drifting_refs([0.0, 0.02, 0.04], sizes=SIZES[:3])
+    assert predictor.method_for("auto", refs, GRID_G, 8e5, 0.3) == predictor.choose_method(refs, GRID_G, 0.3)
+    asked = predictor.method_for("nearest", refs, GRID_G, 8e5, 0.3)
+    assert asked == predictor.Choice("nearest", {}, "nearest: as asked")
+    assert predictor.method_for("shrunk", refs, GRID_G, 8e5, 0.3).method == "shrunk"
+    fallback = predictor.method_for("shrunk", refs[:2], GRID_G, 8e5, 0.3)
+    assert fallback.method == "nearest"
+    assert "shrunk was asked for, but it needs references of 3 sizes" in fallback.reason
+    unknown_n = predictor.method_for("auto", refs, GRID_G, None, 0.3)
+    assert unknown_n.method == "family" and "the run's N is unknown" in unknown_n.reason
+    with pytest.raises(ConfigError, match="prediction method 'best' is unknown; use one of auto, nearest, family"):
+        predictor.method_for("best", refs, GRID_G, 8e5, 0.3)
+    assert predictor.available(refs) == list(predictor.METHODS)
+    assert predictor.available(refs[:2]) == ["nearest", "family"]
+    same_size = [refs[0], dataclasses.replace(refs[1], controls=refs[0].controls)]
+    unknown = [dataclasses.replace(refs[0], controls=Controls()), *refs[1:]]
+    assert predictor.available(refs[:1]) == predictor.available(same_size) == ["nearest"]
+    assert predictor.available(unknown) == ["nearest"]

@@ -39,6 +39,7 @@ def test_reference_averages_seeds_and_round_trips(tmp_path):
     np.testing.assert_allclose(loaded.frac_G, curves.bin_centers(N_BINS))
     assert loaded.controls == CONTROLS and loaded.source == path and loaded.provenance["sources"] == [
         "run0/curve.csv", "run1/curve.csv"]
+    assert loaded.provenance["total_steps"] == [STEPS, STEPS]
 
 
 def test_reference_refuses_mixed_controls_partial_runs_and_bad_offsets():
@@ -130,22 +131,15 @@ def test_reference_on_grid_notes_an_unknown_n(tmp_path):
                                                                  files.load_reference(large)], curves.bin_centers(N_BINS)))
 
 
-def test_nearest_and_spans_sizes(tmp_path):
-    def spans(paths):
-        return reference.spans_sizes([files.load_reference(p) for p in paths])
-
+def test_nearest(tmp_path):
     def nearest(paths, n_params):
         return reference.nearest([files.load_reference(p) for p in paths], n_params).source
 
     paths = [_saved(tmp_path, f"n{n:g}.json", dataclasses.replace(CONTROLS, n_params=n)) for n in (1e5, 4e5, 1.6e6)]
-    assert spans(paths) and not spans(paths[:1])
     assert nearest(paths, 1e6) == paths[2] and nearest(paths, 1.9e5) == paths[0]
     assert nearest(paths, 2.1e5) == paths[1]
     assert nearest(paths[::-1], 2e5) == paths[1]  # equally near in log N: the first given
-    same = _saved(tmp_path, "again.json", dataclasses.replace(CONTROLS, n_params=1e5))
-    assert not spans([paths[0], same])
     unknown = _saved(tmp_path, "unknown.json", dataclasses.replace(CONTROLS, n_params=None))
-    assert not spans([unknown] + paths)
     assert nearest([unknown] + paths, 1e6) == paths[2]  # unknown N counts only when nothing is known
     assert nearest([unknown, unknown], 1e6) == unknown
 
@@ -168,3 +162,32 @@ def test_check_controls_refuses_mismatches_unless_forced():
     odd = _ref("c.json", dataclasses.replace(CONTROLS, tau=0.5))
     with pytest.raises(ConfigError, match="between|vs .*a.json"):
         reference.check_controls([refs[0], odd], Controls(), "run")
+
+
+def test_regime_notes_warn_about_references_from_short_runs(tmp_path):
+    long_run = _curve(0)
+    long_run = dataclasses.replace(long_run, step_T=long_run.step_T * 2, total_steps=2 * STEPS)
+    long_ref = reference.reference_from_curves([long_run], N_BINS, WIDTH)  # 2,000 steps, 2,000,000 tokens
+    short_ref = dataclasses.replace(reference.reference_from_curves([_curve(0)], N_BINS, WIDTH), source="short.json")
+    assert reference.regime_notes([long_ref]) == []
+    (line,) = reference.regime_notes([long_ref, short_ref])
+    assert line.startswith("reference short.json (2,000,000 tokens, 1,000 steps): 1,000 steps (< 1,300): shorter "
+                           "than the regime")
+    assert "at least 1,300 steps and 650,000 tokens" in line
+    # a reference from before its steps were recorded is checked on its tokens alone
+    old = dataclasses.replace(short_ref, provenance={"kind": "curves"})
+    assert reference.regime_notes([old]) == []
+    few_tokens = dataclasses.replace(old, controls=dataclasses.replace(CONTROLS, n_params=1e4))
+    (line,) = reference.regime_notes([few_tokens])
+    assert line.startswith("reference short.json (200,000 tokens, steps unknown): 200,000 tokens (< 650,000)")
+    surrogate_ref = reference.reference_from_surrogate(surrogate.SurrogateConstants(0.05, -0.3, 2.0, -0.2),
+                                                       dataclasses.replace(CONTROLS, n_params=1e4), N_BINS)
+    assert reference.regime_notes([surrogate_ref]) == []  # no run, no warning
+
+
+def test_load_checked_returns_the_checked_references(tmp_path):
+    paths = [_saved(tmp_path, f"n{n:g}.json", dataclasses.replace(CONTROLS, n_params=n)) for n in (1e5, 4e5)]
+    refs, notes = reference.load_checked(paths, MonitorConfig(n_bins=N_BINS), CONTROLS, "run")
+    assert [r.source for r in refs] == paths and notes == [] and refs[0].provenance["total_steps"] == [STEPS]
+    with pytest.raises(ConfigError, match=r"tau 0.17 vs 0.05"):
+        reference.load_checked(paths, CurveGrid(n_bins=N_BINS), dataclasses.replace(CONTROLS, tau=0.05), "run")

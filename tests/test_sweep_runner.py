@@ -55,10 +55,23 @@ def test_full_sweep_predicts_the_true_ranking_with_no_regret(tmp_path, fake_trai
                                                                abs=0.01)
         assert fam["total_compute_fraction"] > fam["target_compute_fraction"]
         assert "nearest" in row
-    assert all(s["method"] == "family" and s["status"] == "finished" for s in summary["settings"])
+        assert row["auto"]["ranking"] == row["nearest"]["ranking"]
+    for s in summary["settings"]:
+        assert s["method"] == "auto" and s["status"] == "finished" and set(s["predictions"]) == {"auto", "family",
+                                                                                                 "nearest"}
+        for f in map(str, summary["fractions"]):  # two reference sizes: leave-one-size-out scores nearest alone
+            assert s["method_choice"][f]["method"] == "nearest" and set(s["method_choice"][f]["scores"]) == {"nearest"}
+            assert "leave-one-size-out can score no other method" in s["method_choice"][f]["reason"]
+            assert s["predictions"]["auto"][f] == s["predictions"]["nearest"][f]
+        # d48 is shorter than the short-run regime (915 steps, 468,288 tokens), d64 is not
+        (short,) = [n for n in s["notes"] if "shorter than the regime" in n]
+        assert short.startswith(f"reference {tmp_path / 'sweep' / s['name'] / 'd48.reference.json'} (")
     workdir = tmp_path / "sweep"
     assert json.loads((workdir / "sweep.json").read_text())["format"] == report.FORMAT
-    assert "True ranking (smoothed final training loss): tau_0.3 <" in (workdir / "sweep.md").read_text()
+    markdown = (workdir / "sweep.md").read_text()
+    assert "True ranking (smoothed final training loss): tau_0.3 <" in markdown
+    assert "| auto (nearest) |" in markdown and " (nearest) |" in markdown
+    assert "- tau_0.1 @0.1: nearest: with 2 sizes leave-one-size-out can score no other method" in markdown
     assert (workdir / "tau_0.1" / "d48.reference.json").exists() and (workdir / "tau_0.1" / "d80" / "curve.csv").exists()
     # Training times are each run's own (timing.json in its run directory).
     labels = [f"tau_{v}/{size}" for v in TAUS for size in ("d48", "d64")] + [f"tau_{v}/d80" for v in TAUS]
@@ -71,6 +84,16 @@ def test_full_sweep_predicts_the_true_ranking_with_no_regret(tmp_path, fake_trai
     # A rerun trains nothing.
     again = runner.run_sweep(_spec(tmp_path), train_fn=trainer, log=lambda _: None)
     assert len(trainer.calls) == 9 and again["seconds"] == summary["seconds"]
+
+    # A named method ranks by its own entry; one the references have too few sizes for falls back to nearest.
+    sr = runner.plan_sweep(_spec(tmp_path))[0]
+    ref_paths = runner.reference_paths(sr, False)
+    family = runner.setting_predictions(sr, ref_paths, _spec(tmp_path, method="family"))
+    assert family["method"] == "family" and "auto" not in family
+    assert family["method_choice"]["0.1"] == {"method": "family", "scores": {}, "reason": "family: as asked"}
+    shrunk = runner.setting_predictions(sr, ref_paths, _spec(tmp_path, method="shrunk"))
+    assert shrunk["method"] == "nearest" and "shrunk" not in shrunk
+    assert "shrunk was asked for, but it needs references of 3 sizes" in shrunk["method_choice"]["0.1"]["reason"]
 
 
 def test_stop_at_trains_only_the_predicted_best_and_a_rerun_finishes_the_rest(tmp_path, fake_trainer):
@@ -170,7 +193,8 @@ def test_cli_sweep_stops_and_resumes_a_real_run(tmp_path, capsys):
     (setting,) = summary["settings"]
     steps = setting["steps"]
     assert f"steps 0 -> {steps // 2} of {steps}" in out and f"steps {steps // 2} -> {steps} of {steps}" in out
-    assert setting["status"] == "finished" and setting["method"] == "nearest"
+    assert setting["status"] == "finished" and setting["method"] == "auto"
+    assert setting["method_choice"]["0.3"]["reason"].startswith("nearest: the references have one size")
     assert [float(f) for f in setting["predictions"]["nearest"]] == [0.3, 0.5]
     assert all(math.isfinite(p["pred"]) and p["pred"] > 0 for p in setting["predictions"]["nearest"].values())
     curve = np.loadtxt(workdir / "tau_0.9" / "d64" / "curve.csv", delimiter=",", skiprows=1)
@@ -192,7 +216,8 @@ def test_cli_sweep_trains_references_and_stops_the_loser(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "wrote" in out
     summary = json.loads((workdir / "sweep.json").read_text())
-    assert [s["method"] for s in summary["settings"]] == ["nearest", "nearest"]
+    assert [s["method"] for s in summary["settings"]] == ["auto", "auto"]
+    assert [s["method_choice"]["0.5"]["method"] for s in summary["settings"]] == ["nearest", "nearest"]
     assert sorted(s["status"] for s in summary["settings"]) == ["finished", "stopped"]
     row = summary["per_fraction"][1]
     assert row["fraction"] == 0.5 and len(row["nearest"]["ranking"]) == 2

@@ -16,3 +16,9 @@ def test_parse_sweep_names_settings_and_rejects_bad_input():
     assert spec.parse_fractions("0.3,0.1") == (0.1, 0.3)
     with pytest.raises(ConfigError, match="fraction"):
         spec.parse_fractions("0.1,1.0")
+
+
+def test_the_sweep_methods_are_auto_and_the_predictors():
+    from celerity_jax.collapse import predictor
+
+    assert spec.METHODS[0] == "auto" and sorted(spec.METHODS[1:]) == sorted(predictor.METHODS)

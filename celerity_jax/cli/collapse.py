@@ -55,6 +55,11 @@ def add_commands(subparsers) -> None:
     p.add_argument("--curve", required=True, metavar="PARTIAL")
     p.add_argument("--total-steps", type=int, help="the run's total steps (else from plan.json/sidecar)")
     p.add_argument("--n-params", type=float, help="the run's N (else from plan.json/sidecar)")
+    p.add_argument("--method", default="auto",
+                   help="how the references make the run's reference: nearest (the size nearest in log N), family "
+                        "(fitted in log N across sizes), shrunk (family with unresolved slopes shrunk; 3 sizes or "
+                        "more), or auto (the one that predicts the references' own sizes best, nearest unless "
+                        "another is better beyond the noise)")
     options.add_json_option(p, "the prediction")
     grid_options(p, window=True)
     loss_option(p)
@@ -156,12 +161,10 @@ def cmd_reference(args) -> int:
     return 0
 
 
-def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
-    """The predictor's final loss of `run` against the references (family-aware when they span sizes), and the
-    monitor's metrics now."""
-    from celerity_jax.collapse import curves, monitor, predictor, reference
+def _prediction(run, reference_G, cfg) -> dict:
+    """The predictor's final loss of `run` aligned with `reference_G`, and the monitor's metrics now."""
+    from celerity_jax.collapse import curves, monitor, predictor
 
-    reference_G, notes = reference.reference_on_grid(paths, cfg, run.controls, run.source, force, run.loss)
     pred = predictor.predict(run, reference_G, window=cfg.align_window, offset=cfg.offset,
                              min_span=cfg.min_align_span)
     if pred is None:
@@ -173,11 +176,11 @@ def _prediction(run, paths: list[str], cfg, force: bool) -> dict:
     metrics = {k: float(v) for k, v in monitor.monitor_metrics(state, reference_G, cfg).items()}
     return {"pred_final_loss": pred.final, "pred_final_loss_err": pred.err,
             "normalized_loss": metrics["collapse/normalized_loss"], "residual": metrics["collapse/residual"],
-            "alert": bool(metrics["collapse/alert"]), "notes": notes}
+            "alert": bool(metrics["collapse/alert"])}
 
 
 def cmd_predict(args) -> int:
-    from celerity_jax.collapse import files, reference
+    from celerity_jax.collapse import curves, files, predictor, reference
     from celerity_jax.collapse.config import replay_config
 
     window = _window(args.window)
@@ -191,29 +194,32 @@ def cmd_predict(args) -> int:
                           "column); pass --total-steps")
     if args.n_params:
         run = dataclasses.replace(run, controls=dataclasses.replace(run.controls, n_params=args.n_params))
-    result = _prediction(run, paths, cfg, args.force)
-    refs = [files.load_reference(p) for p in paths]
-    family = run.controls.n_params is not None and reference.spans_sizes(refs)
+    refs, notes = reference.load_checked(paths, cfg, run.controls, run.source, args.force, run.loss)
+    frac_G, n_params = curves.bin_centers(cfg.n_bins), run.controls.n_params
+    choice = predictor.method_for(args.method, refs, frac_G, n_params, float(run.frac_T[-1]), window,
+                                  offset=cfg.offset)
+    result = _prediction(run, predictor.reference_for(refs, frac_G, n_params, choice.method), cfg)
     out = {"curve": run.source, "step": int(run.step_T[-1]), "total_steps": run.total_steps,
            "observed_frac": float(run.frac_T[-1]), "window": [window[0], min(window[1], float(run.frac_T[-1]))],
-           "method": "family-aware" if family else "single reference",
+           "method": choice.method, "method_reason": choice.reason, "method_scores": choice.scores,
            "references": paths, "pred_final_loss": result["pred_final_loss"],
            "pred_final_loss_err": result["pred_final_loss_err"],
            "interval_95": [result["pred_final_loss"] - 1.96 * result["pred_final_loss_err"],
                            result["pred_final_loss"] + 1.96 * result["pred_final_loss_err"]],
            "normalized_loss_now": result["normalized_loss"], "residual_now": result["residual"],
-           "alert_now": result["alert"], "notes": result["notes"]}
-    if family:
-        nearest = reference.nearest(refs, run.controls.n_params).source
-        single = _prediction(run, [nearest], cfg, args.force)
-        out["single_reference"] = {"reference": nearest, "pred_final_loss": single["pred_final_loss"],
+           "alert_now": result["alert"], "notes": notes, "warnings": reference.regime_notes(refs)}
+    if choice.method != "nearest" and n_params is not None:
+        single = _prediction(run, predictor.reference_for(refs, frac_G, n_params, "nearest"), cfg)
+        out["single_reference"] = {"reference": reference.nearest(refs, n_params).source,
+                                   "pred_final_loss": single["pred_final_loss"],
                                    "pred_final_loss_err": single["pred_final_loss_err"]}
     if options.emit_json(args.json, out):
         return 0
     print(f"curve {run.source} ({run.loss} loss): step {out['step']} of {run.total_steps} "
           f"(t̂ = {out['observed_frac']:.3f})")
-    print(f"aligned over t̂ in [{out['window'][0]:.3g}, {out['window'][1]:.3g}] to {out['method']} "
+    print(f"aligned over t̂ in [{out['window'][0]:.3g}, {out['window'][1]:.3g}] by the {choice.method} method "
           f"({len(paths)} reference(s))")
+    print(f"method {choice.reason}")
     lo95, hi95 = out["interval_95"]
     print(f"predicted final loss: {out['pred_final_loss']:.4f} ± {out['pred_final_loss_err']:.4f} (1σ, "
           f"residual noise only); 95% interval [{lo95:.4f}, {hi95:.4f}]")
@@ -224,6 +230,8 @@ def cmd_predict(args) -> int:
           f"alert {'YES' if out['alert_now'] else 'no'}")
     for note in out["notes"]:
         print(f"note: {note}")
+    for warning in out["warnings"]:
+        print(f"warning: {warning}")
     return 0
 
 

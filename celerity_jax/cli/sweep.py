@@ -6,7 +6,8 @@ trains them on smaller models (`--reference-model`, cheap; once per setting, sin
 for all settings with `--shared-references` when the swept binding leaves the controls alone, e.g. the
 batch at fixed τ), or takes them as files (`--reference`, `--reference-for`). It trains the target model
 of every setting, predicts each setting's final loss at every checkpoint fraction by early-align
-against its references (family-aware across reference sizes) and ranks the settings. With `--stop-at F
+against its references (by the method `--method` names, or the one chosen per fraction from the references alone)
+and ranks the settings. With `--stop-at F
 --keep K` only the K best by the prediction at F train past F; the others keep a checkpoint at F, so a
 rerun with a larger `--keep` (or without `--stop-at`) finishes them. Rerunning a command resumes it.
 With `--storage URL` the settings are the trials of an Optuna study that any number of workers take (the same
@@ -44,8 +45,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--keep", type=int, default=1, metavar="K", help="settings trained past --stop-at (also the what-if "
                                                        "decisions of the summary)")
     p.add_argument("--method", choices=METHODS, default="auto",
-                   help="family: the family-aware curve of all references at the target's N; nearest: the "
-                        "reference nearest in log N; auto: family when the references span sizes")
+                   help="nearest: the reference size nearest in log N; family: the family-aware curve of all "
+                        "references at the target's N; shrunk: family with unresolved slopes shrunk (3 sizes or "
+                        "more); auto: at each fraction the one that predicts the references' own sizes best, "
+                        "nearest unless another is better beyond the noise")
     p.add_argument("--align-start", type=float, default=0.5, metavar="A",
                    help="at fraction f, early-align over t̂ in [A·f, f]")
     options.add_workdir_options(p, workdir_help="the sweep's directory: its summary and a run directory per "

@@ -221,7 +221,8 @@ def family_measures(curves_KxRxG: np.ndarray, n_params_K, frac_G: np.ndarray, lo
     if len(seeds_K) < 2 or seeds_K.min() < 1 or seeds_K.max() < 2:
         raise ConfigError(f"a family's measures need two sizes or more, each with a curve, and a size with two seeds "
                           f"(seeds by size: {seeds_K.tolist()})")
-    mean_KxR = np.where(valid_KxR, np.nanmean(np.where(keep_G, curves_KxRxG, np.nan), axis=2), np.nan)
+    mean_KxR = np.full(valid_KxR.shape, np.nan)
+    mean_KxR[valid_KxR] = curves_KxRxG[valid_KxR][:, keep_G].mean(axis=1)
     mean_K = np.nanmean(mean_KxR, axis=1)
     seed_var = np.nanmean([np.nanvar(row, ddof=1) for row, r in zip(mean_KxR, seeds_K) if r > 1])
     x_K = np.log(np.asarray(n_params_K, float))

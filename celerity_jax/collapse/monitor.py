@@ -3,8 +3,8 @@
 The state is the run's curve binned on `n_bins` equal bins of t̂ (per-bin loss sum and step count), so
 it is small, checkpointable and exactly the object the offline tools build from curve.csv.
 `monitor_update` runs inside the jitted train step (or, with MonitorConfig.loss_curve 'eval', after each
-eval); `monitor_metrics` runs at log steps against a reference curve on the same grid (built by
-reference.reference_on_grid), with the alert policy that config.MonitorConfig describes; `monitor_curve`
+eval); `monitor_metrics` runs at log steps against a reference curve on the same grid (made once at setup by
+the method predictor.method_for chooses), with the alert policy that config.MonitorConfig describes; `monitor_curve`
 gives the aligned curve that the trainer's figure draws (image.py); `replay_monitor` computes what it would
 have logged from a recorded curve.
 """

@@ -2,14 +2,20 @@
 
 A prediction aligns the run's binned curve with a reference normalized curve over a t̂ window (early-align,
 curves.early_align): the divisor is the predicted final loss, with its 1σ error from the residual noise.
-The reference comes from one of two METHODS (`reference_for`): "nearest", the reference nearest the run in
-log N, or "family", the family-aware curve of references of several sizes at the run's N
-(curves.family_curve). The window (`window_at`) is a fixed t̂ range, or, without one, [a·f, f] at the seen
-fraction f. A prediction is made once the run has passed the window's start
+The reference comes from one of three METHODS (`reference_for`): "nearest", the references of the size nearest
+the run in log N (plain alignment, the paper's way); "family", the family-aware curve of references of several
+sizes at the run's N (curves.family_curve); "shrunk", the family-aware curve with each t̂'s slope in log N shrunk
+toward 0 by its signal-to-noise (`shrunk_family_curve`). The window (`window_at`) is a fixed t̂ range, or,
+without one, [a·f, f] at the seen fraction f. A prediction is made once the run has passed the window's start
 plus `min_span`.
 
+Which method: `method_for` takes a named one, or with "auto" asks `choose_method`, which scores every method
+the references allow by leave-one-size-out on those references alone (never on the run) at the fraction being
+predicted, and keeps "nearest" unless another beats it by more than the noise of that score. Each `Choice`
+carries a one-line reason that the callers show.
+
 Every user of prediction calls this module: the in-loop monitor's collapse/pred_final_loss
-(`predict_binned`, under jit), and `celerity collapse predict`, the sweep and
+(`predict_binned`, under jit, its method chosen once at setup), and `celerity collapse predict`, the sweep and
 benchmarks/collapse_predictor.py (`predict`).
 """
 
@@ -25,7 +31,9 @@ from celerity_jax.collapse import curves, reference
 from celerity_jax.collapse.types import Curve, Reference
 from celerity_jax.errors import ConfigError
 
-METHODS = ("nearest", "family")
+METHODS = ("nearest", "family", "shrunk")
+SIZES_NEEDED = {"nearest": 1, "family": 2, "shrunk": 3}  # distinct reference sizes (N known) a method needs
+NOISE_SE = 2.0  # standard errors by which a method's leave-one-size-out gain over "nearest" must exceed 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +42,13 @@ class Prediction:
     err: float                     # its 1σ error from the residual noise (no model mismatch)
     seen: float                    # t̂ of the curve it was made from
     window: tuple[float, float]    # the t̂ window aligned over
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    method: str                # one of METHODS
+    scores: dict[str, float]   # method -> leave-one-size-out mean |predicted / final − 1|; only the scored ones
+    reason: str                # one plain line
 
 
 def window_at(seen: float, window: tuple[float, float] | None = None,
@@ -53,15 +68,130 @@ def predict_binned(sum_G: jax.Array, count_G: jax.Array, reference_G: jax.Array,
     return align, (seen >= window[0] + min_span) & jnp.isfinite(align.final)
 
 
+def _sizes(refs: Sequence[Reference]) -> list[float]:
+    """The references' distinct N, smallest first; none when any N is unknown."""
+    sizes = {r.controls.n_params for r in refs}
+    return [] if None in sizes else sorted(sizes)
+
+
+def available(refs: Sequence[Reference]) -> list[str]:
+    """The METHODS that references of these sizes allow: "nearest" always, "family" from 2 sizes, "shrunk" from 3."""
+    return [m for m in METHODS if SIZES_NEEDED[m] <= max(len(_sizes(refs)), 1)]
+
+
+def shrunk_family_curve(curves_KxG: np.ndarray, n_params_K: np.ndarray, n_target: float) -> np.ndarray:
+    """curves.family_curve with the slope b(t̂) of log l in log N multiplied by b²/(b² + se²), the signal-to-noise
+    weight of its estimate (se² from the line's residuals over K − 2 degrees of freedom): a slope the references
+    do not resolve is pulled toward 0, i.e. toward their geometric mean. Needs 3 references or more."""
+    log_l_KxG = np.log(np.asarray(curves_KxG, np.float64))
+    x_K = np.log(np.asarray(n_params_K, np.float64))
+    dx_K, mean_G = x_K - x_K.mean(), log_l_KxG.mean(axis=0)
+    slope_G = dx_K @ (log_l_KxG - mean_G) / (dx_K @ dx_K)
+    residual_KxG = log_l_KxG - mean_G - np.outer(dx_K, slope_G)
+    se2_G = (residual_KxG**2).sum(axis=0) / (len(x_K) - 2) / (dx_K @ dx_K)
+    weight_G = np.where(slope_G**2 + se2_G > 0, slope_G**2 / np.maximum(slope_G**2 + se2_G, 1e-30), 1.0)
+    return np.exp(mean_G + weight_G * slope_G * (math.log(n_target) - x_K.mean()))
+
+
 def reference_for(refs: Sequence[Reference], frac_G: np.ndarray, n_params: float | None,
                   method: str) -> jax.Array:
-    """The reference curve of `method` on `frac_G` for a run of N = `n_params` ("family" is the geometric mean
-    of the references when N is unknown)."""
+    """The reference curve of `method` on `frac_G` for a run of N = `n_params`: "nearest" the geometric mean of
+    the references of the nearest size (the first reference when N is unknown); "family" the family-aware curve
+    (the geometric mean of all when N is unknown); "shrunk" (3 sizes or more, N known) its shrunk form."""
     if method not in METHODS:
         raise ConfigError(f"prediction method {method!r} is unknown; use one of {', '.join(METHODS)}")
+    if method == "shrunk":
+        if n_params is None or len(_sizes(refs)) < SIZES_NEEDED["shrunk"]:
+            raise ConfigError(f"the shrunk method needs the run's N and references of 3 sizes or more (sizes "
+                              f"{_sizes(refs) or 'unknown'}); add reference sizes or use nearest or family")
+        on_grid_KxG = np.stack([np.interp(frac_G, r.frac_G, r.normalized_G) for r in refs])
+        return jnp.asarray(shrunk_family_curve(on_grid_KxG, [r.controls.n_params for r in refs], n_params),
+                           jnp.float32)
     if method == "nearest":
-        refs = [reference.nearest(refs, n_params)] if n_params else refs[:1]
+        if n_params:
+            size = reference.nearest(refs, n_params).controls.n_params
+            refs = [r for r in refs if r.controls.n_params == size]
+        else:
+            refs = refs[:1]
     return reference.reference_curve(list(refs), frac_G, n_params)
+
+
+def _held_out_error(ref: Reference, ref_G: jax.Array, frac_G: np.ndarray, seen: float,
+                    window: tuple[float, float], offset: float) -> float:
+    """predicted / final − 1 for the loss curve of `ref` on `frac_G` cut at t̂ = `seen`, aligned with `ref_G`."""
+    # A surrogate reference has no loss; with L0 = 0 (its only offset) the relative error does not depend on it.
+    final = ref.final_loss if ref.final_loss is not None else 1.0
+    loss_G = offset + np.interp(frac_G, ref.frac_G, ref.normalized_G) * (final - offset)
+    count_G = (frac_G <= seen + 1e-9).astype(np.float32)
+    align, _ = predict_binned(jnp.asarray(loss_G * count_G, jnp.float32), count_G, ref_G, window, offset)
+    return float(align.final) / final - 1.0
+
+
+def choose_method(refs: Sequence[Reference], frac_G: np.ndarray, seen: float,
+                  window: tuple[float, float] | None = None, align_start: float = 0.5, offset: float = 0.0) -> Choice:
+    """The method to predict with at seen fraction `seen`, chosen by leave-one-size-out on the references alone.
+
+    Each size k in turn is held out: its loss curve on `frac_G` (normalized curve × final loss, or
+    L0 + normalized·(final − L0) with an offset) is cut at `seen` and its final loss predicted from the other
+    sizes by every method they allow, over window_at(seen, window, align_start). A method's score is the mean
+    |predicted / final − 1| over the held-out sizes; one the remaining sizes cannot serve (family below 2, shrunk
+    below 3) is not a candidate. The lowest score wins, but "nearest" (plain alignment) is kept unless the winner's
+    gain, the mean over held-out sizes of |e_nearest| − |e_winner|, exceeds NOISE_SE standard errors of that
+    paired difference. With one size (or an unknown N), or too few sizes to score another method, it is "nearest".
+    """
+    sizes = _sizes(refs)
+    if len(sizes) < 2:
+        why = "N unknown" if any(r.controls.n_params is None for r in refs) else "one size"
+        return Choice("nearest", {}, f"nearest: the references have {why}, so there is no other method to choose")
+    span = window_at(seen, window, align_start)
+    errors: dict[str, list[float]] = {m: [] for m in METHODS if SIZES_NEEDED[m] <= len(sizes) - 1}
+    for n in sizes:
+        held = [r for r in refs if r.controls.n_params == n]
+        others = [r for r in refs if r.controls.n_params != n]
+        for method in errors:
+            ref_G = reference_for(others, frac_G, n, method)
+            errors[method].append(float(np.mean([_held_out_error(r, ref_G, frac_G, seen, span, offset)
+                                                 for r in held])))
+    at = f"at t̂ {seen:.3g}"
+    scores = {m: float(np.mean(np.abs(e))) for m, e in errors.items() if np.all(np.isfinite(e))}
+    if "nearest" not in scores:
+        return Choice("nearest", {}, f"nearest: {at} no size could be predicted (the window [{span[0]:.3g}, "
+                                     f"{span[1]:.3g}] holds no bin seen), so no method could be scored")
+    best = min(scores, key=scores.get)
+    if len(scores) == 1:
+        return Choice("nearest", scores, f"nearest: with {len(sizes)} sizes leave-one-size-out can score no other "
+                                         f"method (family needs 3 sizes, shrunk 4); its error {at} "
+                                         f"{100 * scores['nearest']:.2f}%")
+    against = ", ".join(f"{m} {100 * s:.2f}%" for m, s in scores.items() if m != best)
+    line = f"leave-one-size-out error {at} {100 * scores[best]:.2f}% against {against} ({len(sizes)} sizes)"
+    if best == "nearest":
+        return Choice("nearest", scores, f"nearest: {line}")
+    gain_K = np.abs(errors["nearest"]) - np.abs(errors[best])
+    se = float(np.std(gain_K, ddof=1) / math.sqrt(len(gain_K)))
+    if gain_K.mean() > NOISE_SE * se:
+        return Choice(best, scores, f"{best}: {line}")
+    return Choice("nearest", scores, f"nearest: {best}'s {line}, but its gain {100 * gain_K.mean():.2f}% is "
+                                     f"within {NOISE_SE:g} standard errors ({100 * se:.2f}%) across sizes")
+
+
+def method_for(method: str, refs: Sequence[Reference], frac_G: np.ndarray, n_params: float | None, seen: float,
+               window: tuple[float, float] | None = None, align_start: float = 0.5, offset: float = 0.0) -> Choice:
+    """The method a caller predicts a run of N = `n_params` with: "auto" is `choose_method`'s choice; a named
+    method is taken as asked, or "nearest" when the references have too few sizes for it. When the run's N is
+    unknown and the references span sizes, anything but "nearest" is "family", their geometric mean. The reason
+    says which and why."""
+    if method not in ("auto", *METHODS):
+        raise ConfigError(f"prediction method {method!r} is unknown; use one of auto, {', '.join(METHODS)}")
+    if n_params is None and len(_sizes(refs)) > 1 and method != "nearest":
+        asked = "" if method in ("auto", "family") else f"{method} was asked for, but "
+        return Choice("family", {}, f"family: {asked}the run's N is unknown, so its reference is the references' "
+                                    "geometric mean")
+    if method == "auto":
+        return choose_method(refs, frac_G, seen, window, align_start, offset)
+    if method not in available(refs):
+        return Choice("nearest", {}, f"nearest: {method} was asked for, but it needs references of "
+                                     f"{SIZES_NEEDED[method]} sizes or more ({len(_sizes(refs)) or 'N unknown'})")
+    return Choice(method, {}, f"{method}: as asked")
 
 
 def predict(curve: Curve, reference_G: jax.Array, upto: float | None = None,

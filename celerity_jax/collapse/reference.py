@@ -3,8 +3,10 @@
 A reference (types.Reference, stored as JSON by files.py) is a normalized curve on a t̂ grid with its
 controls and provenance, built from finished curves of one size (averaged over the seeds given) or from
 the fitted surrogate. A run may only be compared with references whose collapse controls (TPP, τ,
-schedule), offset and loss curve match its own, unless forced (`check_controls`); references of several
-sizes combine into the family-aware curve at the run's N (curves.family_curve).
+schedule), offset and loss curve match its own, unless forced (`check_controls`, `load_checked`); references of
+several sizes combine into the family-aware curve at the run's N (curves.family_curve; which way a prediction
+combines them is predictor.py's choice). A reference built from runs shorter than the short-run regime
+(regime.py) gets a warning line (`regime_notes`): its shape is not that of longer runs.
 """
 
 import dataclasses
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax.collapse import curves, surrogate
+from celerity_jax.collapse import curves, regime, surrogate
 from celerity_jax.collapse.config import CurveGrid, MonitorConfig
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.collapse.files import load_reference
@@ -29,7 +31,8 @@ def _now() -> str:
 
 def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offset: float = 0.0,
                           force: bool = False) -> Reference:
-    """Seed-averaged normalized curve of finished runs of one size with the same controls."""
+    """Seed-averaged normalized curve of finished runs of one size with the same controls; its provenance records
+    each run's source and total steps."""
     for run in runs:
         differ = run.controls.mismatches(runs[0].controls)
         n0, n1 = runs[0].controls.n_params, run.controls.n_params
@@ -40,7 +43,8 @@ def reference_from_curves(runs: list[Curve], n_bins: int, smooth_bins: int, offs
                               "a reference averages seeds of one size and recipe. Pass --force to mix them")
     normalized, finals = zip(*(curves.normalize_run(run, n_bins, smooth_bins, offset) for run in runs))
     normalized_KxG = np.stack(normalized)
-    provenance = {"kind": "curves", "sources": [r.source for r in runs], "loss_curve": runs[0].loss,
+    provenance = {"kind": "curves", "sources": [r.source for r in runs],
+                  "total_steps": [int(r.total_steps) for r in runs], "loss_curve": runs[0].loss,
                   "n_seeds": len(runs), "n_bins": n_bins, "smooth_bins": smooth_bins, "created": _now()}
     return Reference(curves.bin_centers(n_bins), normalized_KxG.mean(axis=0),
                      normalized_KxG.std(axis=0, ddof=1) if len(runs) > 1 else None, runs[0].controls,
@@ -108,32 +112,57 @@ def check_controls(refs: Sequence[Reference], run: Controls, run_name: str, forc
     return notes + [f"forced: {p}" for p in problems]
 
 
-def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, controls: Controls,
-                      run_name: str = "the run", force: bool = False,
-                      loss_curve: str | None = None) -> tuple[jnp.ndarray, list[str]]:
-    """Loads reference JSONs for a run and returns (reference_G on the grid of `cfg`, notes).
+def load_checked(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, controls: Controls,
+                 run_name: str = "the run", force: bool = False,
+                 loss_curve: str | None = None) -> tuple[list[Reference], list[str]]:
+    """Loads reference JSONs for a run and returns (references, notes).
 
     `cfg` is a CurveGrid, or a MonitorConfig (its grid). Refuses references whose TPP, τ, schedule or offset
     differ from `controls`, or that were built from another loss curve than the run's (`loss_curve`, "train" or
-    "eval"; by default the MonitorConfig's, else "train"), unless `force`; with several sizes (and
-    controls.n_params known) the curve is the family-aware one at the run's N.
+    "eval"; by default the MonitorConfig's, else "train"), unless `force` (`check_controls`).
     """
     grid = cfg.grid if isinstance(cfg, MonitorConfig) else cfg
     loss_curve = loss_curve or (cfg.loss_curve if isinstance(cfg, MonitorConfig) else "train")
     if not paths:
         raise ConfigError("no reference given; build one with `celerity collapse reference`")
     refs = [load_reference(p) for p in paths]
-    notes = check_controls(refs, controls, run_name, force, grid.offset, loss_curve)
+    return refs, check_controls(refs, controls, run_name, force, grid.offset, loss_curve)
+
+
+def reference_on_grid(paths: Sequence[str], cfg: CurveGrid | MonitorConfig, controls: Controls,
+                      run_name: str = "the run", force: bool = False,
+                      loss_curve: str | None = None) -> tuple[jnp.ndarray, list[str]]:
+    """The references of `load_checked` as one curve on the grid of `cfg`: (reference_G, notes). With several
+    sizes (and controls.n_params known) the curve is the family-aware one at the run's N (`reference_curve`);
+    a prediction picks its method instead (predictor.method_for)."""
+    refs, notes = load_checked(paths, cfg, controls, run_name, force, loss_curve)
     if controls.n_params is None and len({r.controls.n_params for r in refs}) > 1:
         notes.append(f"N of {run_name} unknown: its reference is the mean over the references' sizes")
-    frac_G = curves.bin_centers(grid.n_bins)
-    return reference_curve(refs, frac_G, controls.n_params), notes
+    grid = cfg.grid if isinstance(cfg, MonitorConfig) else cfg
+    return reference_curve(refs, curves.bin_centers(grid.n_bins), controls.n_params), notes
 
 
-def spans_sizes(refs: Sequence[Reference]) -> bool:
-    """Whether the references have more than one N, all known: then the family-aware curve applies."""
-    sizes = [r.controls.n_params for r in refs]
-    return None not in sizes and len(set(sizes)) > 1
+def regime_notes(refs: Sequence[Reference]) -> list[str]:
+    """One warning line (regime.outside) per reference built from runs shorter than the short-run regime, naming
+    the reference, its tokens (TPP·N) and the total steps of its shortest run. A reference from before the steps
+    were recorded is checked on its tokens alone, one whose N or TPP is unknown on its steps alone; a surrogate
+    reference has no run and no warning."""
+    lines = []
+    for ref in refs:
+        if ref.provenance.get("kind") != "curves":
+            continue
+        n, tpp = ref.controls.n_params, ref.controls.tpp
+        tokens = None if n is None or tpp is None else int(round(n * tpp))
+        steps = min(ref.provenance["total_steps"]) if ref.provenance.get("total_steps") else None
+        if tokens is None and steps is None:
+            continue
+        short = regime.outside(regime.MIN_STEPS if steps is None else steps,
+                               regime.MIN_TOKENS if tokens is None else tokens)
+        if short:
+            size = ", ".join(["tokens unknown" if tokens is None else f"{tokens:,} tokens",
+                              "steps unknown" if steps is None else f"{steps:,} steps"])
+            lines.append(f"reference {ref.source} ({size}): {short}")
+    return lines
 
 
 def nearest(refs: Sequence[Reference], n_params: float) -> Reference:

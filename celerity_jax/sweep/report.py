@@ -1,5 +1,9 @@
 """The sweep's summary (sweep.json) and sweep.md: settings, predictions per fraction, rankings, the
 decisions they lead to, and (once every setting finished) the truth, regret and compute.
+
+Each setting holds its predictions by every method its references allow, "method" (the entry that ranks; "auto"
+is each fraction's chosen method) and "method_choice" (per fraction: the method, the reason, the scores); notes
+include the references outside the short-run regime.
 """
 
 import dataclasses
@@ -13,7 +17,7 @@ from celerity_jax.collapse import curves, files
 from celerity_jax.run import Run
 
 FORMAT = "celerity-sweep/1"
-PREDICTION_METHODS = ("family", "nearest")
+PREDICTION_METHODS = ("auto", "family", "nearest", "shrunk")
 
 
 def rank(values: dict[str, float]) -> list[str]:
@@ -74,6 +78,7 @@ def summarize(spec, setting_runs: list, predictions: dict[str, dict], done: dict
             "batch_seqs": p.batch_seqs, "steps": p.steps, "steps_done": done[target.name],
             "status": "finished" if final is not None else "stopped",
             "final_loss": final, "method": predictions[name]["method"],
+            "method_choice": predictions[name]["method_choice"],
             "predictions": {m: predictions[name][m] for m in PREDICTION_METHODS if m in predictions[name]},
             "references": predictions[name]["references"],
             "nearest_reference": predictions[name]["nearest_reference"], "notes": predictions[name]["notes"],
@@ -87,7 +92,7 @@ def summarize(spec, setting_runs: list, predictions: dict[str, dict], done: dict
     for f in spec.fractions:
         row = {"fraction": f}
         for method in PREDICTION_METHODS:
-            if method not in settings[0]["predictions"]:
+            if any(method not in s["predictions"] for s in settings):
                 continue
             preds = {s["name"]: s["predictions"][method][str(f)] for s in settings}
             chosen = decide(preds, spec.keep)
@@ -130,6 +135,22 @@ def _prediction(p: dict | None) -> str:
     return "–" if p is None else f"{p['pred']:.4f} ± {p['err']:.4f}"
 
 
+def _method_label(method: str, settings: list[dict], fraction: float) -> str:
+    """A decision row's method; "auto" with the methods it chose at the fraction, e.g. "auto (family)"."""
+    if method != "auto":
+        return method
+    chosen = dict.fromkeys(s["method_choice"][str(fraction)]["method"] for s in settings)
+    return f"auto ({', '.join(chosen)})"
+
+
+def _ranking_prediction(setting: dict, fraction: float) -> str:
+    """A setting's ranking prediction at a fraction, with the method chosen there under "auto"."""
+    text = _prediction(setting["predictions"][setting["method"]][str(fraction)])
+    if setting["method"] != "auto":
+        return text
+    return f"{text} ({setting['method_choice'][str(fraction)]['method']})"
+
+
 def _decision_row(fraction: float, method: str, e: dict) -> list:
     if e["chosen"] is None:
         return [f"{fraction:g}", method, "not reached by every setting"] + [""] * 7
@@ -149,20 +170,21 @@ def render_markdown(summary: dict) -> str:
              f"Target `{summary['model']}`, gin {summary['gin_files']} {summary['gin_params']}; references: "
              + (", ".join(f"`{m}`" for m in summary["reference_models"]) or "given files")
              + (" (shared by all settings)" if summary["shared_references"] else "")
-             + f". Early-align over t̂ in [{summary['align_start']:g}·f, f]; ranking by the {primary} "
-               f"prediction. {summary['created']}.", ""]
+             + f". Early-align over t̂ in [{summary['align_start']:g}·f, f]; ranking by the "
+             + ("prediction of the method chosen at each fraction (in brackets)" if primary == "auto" else
+                f"{primary} prediction") + f". {summary['created']}.", ""]
     lines += markdown.table(
         ["setting", "τ", "λ", "batch", "steps", "trained", "final loss", *(f"pred @{f:g}" for f in fracs)],
         ([s["name"], f"{s['tau']:.3g}", f"{s['weight_decay']:.3g}", s["batch_seqs"], s["steps"], s["steps_done"],
-          _loss(s["final_loss"]), *(_prediction(s["predictions"][s["method"]][str(f)]) for f in fracs)]
+          _loss(s["final_loss"]), *(_ranking_prediction(s, f) for f in fracs)]
          for s in settings))
     lines += ["", "True ranking (smoothed final training loss): "
               + (" < ".join(summary["true_ranking"]) if summary["true_ranking"] else "not every setting finished"), ""]
     lines += markdown.table(
         ["fraction", "method", "predicted ranking", "chosen", "separation (σ)", "target compute", "with references",
          "regret", "Kendall τ", "mean abs error"],
-        (_decision_row(row["fraction"], method, row[method]) for row in summary["per_fraction"]
-         for method in PREDICTION_METHODS if row.get(method) is not None))
+        (_decision_row(row["fraction"], _method_label(method, settings, row["fraction"]), row[method])
+         for row in summary["per_fraction"] for method in PREDICTION_METHODS if row.get(method) is not None))
     c = summary["compute"]
     lines += ["", "Compute: the share of the all-to-the-end target FLOPs that training every setting to the "
                   f"fraction and only the {summary['keep']} chosen to the end costs (\"with references\" adds the "
@@ -174,6 +196,9 @@ def render_markdown(summary: dict) -> str:
     if summary["stopped"]:
         lines.append(f"Stopped at t̂ = {summary['stop_at']:g} (checkpoint kept; rerun with a larger --keep or "
                      f"without --stop-at to finish): {', '.join(summary['stopped'])}.")
+    lines += ["", "Prediction method of each setting at each fraction, and why:", ""]
+    lines += [f"- {s['name']} @{f}: {choice['reason']}" for s in settings
+              for f, choice in s["method_choice"].items()]
     notes = sorted({n for s in settings for n in s["notes"]})
     lines += [""] + [f"Note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
 """Runs a sweep: plans every run (and checks them all before anything trains), trains references and
 targets through `celerity_jax.run` (to --stop-at, then only the kept settings to the end), and predicts
-each setting's final loss at every fraction by early-align against its references.
+each setting's final loss at every fraction by early-align against its references, by the method the spec names
+or, with "auto", the one predictor.choose_method picks at that fraction from the references alone.
 
 Workdir layout:
     sweep.json, sweep.md               the summary (report.py), rewritten at the end of every invocation
@@ -13,7 +14,7 @@ import dataclasses
 import math
 import os
 
-from celerity_jax.collapse import files, predictor, reference
+from celerity_jax.collapse import curves, files, predictor, reference
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.run import Run, RunSpec, load as load_run
@@ -116,21 +117,31 @@ def _predict(curve, reference_G, frac: float, align_start: float, offset: float)
 
 
 def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) -> dict:
-    """{"method", "notes", "family"/"nearest": {fraction: prediction}} for one setting's target."""
+    """One setting's target predicted at every fraction by every method its references allow: {method: {fraction:
+    prediction}}, with "references", "nearest_reference", "notes" (what could not be checked, and references
+    outside the short-run regime) and "method_choice" {fraction: {"method", "reason", "scores"}}.
+
+    "method" names the entry that ranks the settings: the spec's method ("nearest" when the references have too
+    few sizes for it), or with "auto" the entry "auto", at each fraction the prediction of the method
+    predictor.choose_method picks there from the references alone."""
     grid = sr.target.configs.monitor.grid
     curve = files.load_curve(sr.target.workdir)
-    refs = [files.load_reference(p) for p in ref_paths]
-    spans = reference.spans_sizes(refs)
-    nearest = reference.nearest(refs, sr.target.plan.n_params).source
-    method = ("family" if spans else "nearest") if spec.method == "auto" else spec.method
-    candidates = {"family": ref_paths, "nearest": [nearest]} if spans else {"nearest": ref_paths}
-    out = {"method": method if method in candidates else "nearest", "references": ref_paths,
-           "nearest_reference": nearest, "notes": []}
-    for name, paths in candidates.items():
-        reference_G, notes = reference.reference_on_grid(paths, grid, curve.controls, sr.target.name, spec.force,
-                                                         curve.loss)
-        out["notes"] += [n for n in notes if n not in out["notes"]]
-        out[name] = {str(f): _predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
+    refs, notes = reference.load_checked(ref_paths, grid, curve.controls, sr.target.name, spec.force, curve.loss)
+    frac_G, n_params = curves.bin_centers(grid.n_bins), sr.target.plan.n_params
+    out = {"method": spec.method, "references": ref_paths,
+           "nearest_reference": reference.nearest(refs, n_params).source,
+           "notes": notes + reference.regime_notes(refs), "method_choice": {}}
+    for method in predictor.available(refs):
+        reference_G = predictor.reference_for(refs, frac_G, n_params, method)
+        out[method] = {str(f): _predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
+    for f in spec.fractions:
+        choice = predictor.method_for(spec.method, refs, frac_G, n_params, f, align_start=spec.align_start,
+                                      offset=grid.offset)
+        out["method_choice"][str(f)] = dataclasses.asdict(choice)
+        if spec.method == "auto":
+            out.setdefault("auto", {})[str(f)] = out[choice.method][str(f)]
+    if out["method"] not in out:
+        out["method"] = "nearest"
     return out
 
 

@@ -9,7 +9,7 @@ import re
 
 from celerity_jax.errors import ConfigError
 
-METHODS = ("auto", "family", "nearest")
+METHODS = ("auto", "family", "nearest", "shrunk")  # "auto" and predictor.METHODS, which this module does not import
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from celerity_jax import rundir
+from celerity_jax.collapse import curves, predictor
 from celerity_jax.collapse import reference as reference_lib
 from celerity_jax.collapse.controls import Controls
 from celerity_jax.configs import RunDefinition
@@ -108,16 +109,24 @@ def locked_workdir(workdir: Workdir):
             held.release()
 
 
-def _collapse_reference(run: RunDefinition, workdir: Workdir) -> jax.Array | None:
-    train_cfg = run.configs.train
+def _collapse_reference(run: RunDefinition, workdir: Workdir) -> tuple[jax.Array | None, list[str]]:
+    """The monitor's reference curve (None without references) and the lines saying how it was made: its method,
+    chosen once here at the end of the monitor's align_window (predictor.method_for), what could not be checked,
+    and the references outside the short-run regime. The lines are logged here; the writers show them as text."""
+    train_cfg, monitor_cfg = run.configs.train, run.configs.monitor
     if not train_cfg.collapse_reference:
-        return None
-    reference_G, notes = reference_lib.reference_on_grid(train_cfg.collapse_reference, run.configs.monitor,
-                                                         Controls.from_plan(run.plan), workdir.path,
-                                                         force=train_cfg.force_reference)
-    for note in notes:
-        workdir.log(note)
-    return reference_G
+        return None, []
+    controls = Controls.from_plan(run.plan)
+    refs, notes = reference_lib.load_checked(train_cfg.collapse_reference, monitor_cfg, controls, workdir.path,
+                                             force=train_cfg.force_reference)
+    frac_G = curves.bin_centers(monitor_cfg.n_bins)
+    choice = predictor.method_for("auto", refs, frac_G, controls.n_params, monitor_cfg.align_window[1],
+                                  monitor_cfg.align_window, offset=monitor_cfg.offset)
+    lines = [f"collapse reference: {choice.reason}", *notes,
+             *(f"warning: {w}" for w in reference_lib.regime_notes(refs))]
+    for line in lines:
+        workdir.log(line)
+    return predictor.reference_for(refs, frac_G, controls.n_params, choice.method), lines
 
 
 def _data(run: RunDefinition) -> tuple[data_lib.TrainIterator, list[np.ndarray]]:
@@ -191,8 +200,10 @@ def _restore(run: RunDefinition, workdir: Workdir, checkpointer: Checkpointer, d
     return Start(state, source.step, init_from=os.path.join(source.checkpoints_dir, str(source.step))), description
 
 
-def _writers(run: RunDefinition, workdir: Workdir, start: Start, init_description: str) -> Writers | None:
-    """Process 0's writers, from the start step on (None elsewhere); a new start records the configs in TensorBoard."""
+def _writers(run: RunDefinition, workdir: Workdir, start: Start, init_description: str,
+             reference_lines: list[str]) -> Writers | None:
+    """Process 0's writers, from the start step on (None elsewhere); a new start records the configs in TensorBoard,
+    and every start how the collapse reference was made (`reference_lines`)."""
     if not workdir.is_chief:
         return None
     evaluates = run.configs.train.eval_every or run.configs.train.eval_points
@@ -204,6 +215,8 @@ def _writers(run: RunDefinition, workdir: Workdir, start: Start, init_descriptio
         writers.tb.text(start.step, "config/plan", _indented(run.plan.to_json()))
     if init_description:
         writers.tb.text(start.step, "config/init_from", _indented(init_description))
+    if reference_lines:
+        writers.tb.text(start.step, "collapse/reference", _indented("\n".join(reference_lines)))
     return writers
 
 
@@ -214,7 +227,7 @@ def prepare(run: RunDefinition, mesh, workdir: Workdir, *, force_new: bool,
     writers and the data iterator after the block, quietly when it raised (the error must not be masked by a
     failed close)."""
     train_cfg = run.configs.train
-    reference_G = _collapse_reference(run, workdir)
+    reference_G, reference_lines = _collapse_reference(run, workdir)
     data_it, eval_batches_np = _data(run)
     interrupts.raise_if_requested()
 
@@ -238,7 +251,7 @@ def prepare(run: RunDefinition, mesh, workdir: Workdir, *, force_new: bool,
         interrupts.raise_if_requested()
         eval_batches = tuple(jax.make_array_from_process_local_data(build.batch_sharding, b) for b in eval_batches_np)
         eval_step = step_lib.make_eval_step(run.configs.model, build.batch_sharding, build.state_shardings.params)
-        writers = _writers(run, workdir, start, init_description)
+        writers = _writers(run, workdir, start, init_description, reference_lines)
         if reference_G is None:
             workdir.log("no collapse reference given (TrainConfig.collapse_reference): the monitor records the curve "
                         "but collapse/* metrics are off; build one with `celerity collapse reference`")

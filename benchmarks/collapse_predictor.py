@@ -11,7 +11,8 @@ the references are all the other sizes (the nearest in log N alone, or the famil
 ends with the goal (family-aware error ≤ 0.5× the single-reference error at 10–30% of training), met or
 missed, with the ratios. Every cell also scores "chosen": the method predictor.choose_method picks at that
 fraction from the target's references alone (never the target), with `chosen_vs_plain`, its error over the
-single-reference error. Variants tried against the goal: `--window-start a` aligns over [a·f, f] instead;
+single-reference error, and the chosen method's goals (`goal_chosen`): never worse than plain within 2 standard
+errors of the paired difference in any cell, and ≤ 0.5× plain at 10–30% on families of 4 sizes or more. Variants tried against the goal: `--window-start a` aligns over [a·f, f] instead;
 `--shrunk` also scores the predictor's "shrunk" method, the family-aware curve with each t̂'s slope in log N shrunk
 toward 0 by its signal-to-noise (needs 3 or more reference sizes); `--exact-frac` also scores both predictors with
 each point of the window aligned at its own t̂ (`predict_exact`).

@@ -38,8 +38,8 @@ class Design:
 
 
 QUICK = Design("quick", (), 0, 0, False)
-# Each form fills its budget on this project's 2-core host (experiments/demo/README.md): `make demo` 12 minutes,
-# --full 45.
+# Each form's family is the widest its budget allows on this project's 2-core host with every run in the
+# short-run regime (experiments/demo/README.md): `make demo` 12 minutes, --full 45.
 DEFAULT = Design("default", ("d40-l2", "d48-l2", "d56-l2"), 2, 2, False)
 FULL = Design("full", ("d40-l2", "d48-l3", "d56-l3", "d64-l4"), 3, 2, True)
 # Panel 1, at the smallest size: (batch ×, LR ×, τ ×) against the τ recipe's run. λ follows from τ, so the
@@ -90,9 +90,13 @@ def demo_runs(design: Design = DEFAULT, sizes: tuple[str, ...] | None = None) ->
     from celerity_jax import gin_config, recipe
     from celerity_jax.demo_report import RECIPES
 
+    if sizes is not None and not design.sizes:
+        raise ConfigError("--sizes names the family's sizes, and --quick trains no family; drop one of them")
     sizes = design.sizes if sizes is None else sizes
     if design.sizes and len(sizes) < 2:
         raise ConfigError(f"--sizes names {len(sizes)} size; the demo's family needs at least two")
+    if len(set(sizes)) < len(sizes):
+        raise ConfigError(f"--sizes names a size twice ({','.join(sizes)}); name each once, smallest first")
     demo = os.path.join(experiments_dir(), "demo")
     recipe_files = {name: os.path.join(demo, f"{name}.gin") for name in RECIPES}
     eval_gin = os.path.join(demo, "eval.gin")

@@ -16,3 +16,14 @@ def test_quick_and_full_exclude_each_other(tmp_path, capsys):
         main(["demo", "--workdir", str(tmp_path / "demo"), "--quick", "--full"])
     assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
+
+
+def test_quick_with_sizes_and_a_size_named_twice_get_one_line(tmp_path, capsys):
+    from celerity_jax.cli import main
+
+    for extra, problem in ((["--quick", "--sizes", "d40-l2,d48-l2"], "--quick trains no family"),
+                           (["--sizes", "d40-l2,d40-l2"], "a size twice")):
+        assert main(["demo", "--workdir", str(tmp_path / "demo"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and problem in err
+    assert not (tmp_path / "demo").exists()

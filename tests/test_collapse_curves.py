@@ -248,6 +248,9 @@ def test_family_measures_seed_floor_and_refusals():
     frac_G, fam = _family([0.0, 0.01])
     with pytest.raises(ConfigError, match="same N"):
         curves.family_measures(fam, [1e5, 1e5], frac_G)
-    # A size with a missing seed (NaN row) is measured on the seeds it has.
+    # A size with a missing seed (NaN row) is measured on the seeds it has; a NaN outside the range costs nothing.
     fam[1, 2] = np.nan
+    fam[0, 0, 0] = np.nan  # t̂ = 0.01, below the range's 0.2
     assert curves.family_measures(fam, [1e5, 2e5], frac_G)["seeds"] == [3, 2]
+    with pytest.raises(ConfigError, match="one N per size"):
+        curves.family_measures(fam, [1e5, 2e5, 4e5], frac_G)

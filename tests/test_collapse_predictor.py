@@ -153,6 +153,21 @@ def test_the_benchmark_aligns_each_point_at_its_own_frac():
     assert abs(predictor.predict(off, ref_G, upto=0.3).final / 2.5 - 1) > 1e-3
 
 
+def test_the_chosen_goal_is_never_worse_within_noise_and_halved_only_on_four_sizes():
+    bench = _benchmark()
+
+    def cell(chosen, single, se):
+        return {"chosen": chosen, "single": single, "chosen_minus_plain_se": se, "chosen_vs_plain": chosen / single}
+
+    within = {0.1: cell(0.012, 0.010, 0.0015), 0.3: cell(0.004, 0.010, 0.001)}
+    goal = bench.goal_chosen(within, sizes=4)
+    assert goal["never_worse_met"] and goal["halved_met"] is False  # 1.2× at 10%, inside 2 SE; not halved
+    assert not bench.goal_chosen({0.1: cell(0.012, 0.010, 0.0005)}, sizes=4)["never_worse_met"]  # 4 SE worse
+    halved = bench.goal_chosen({0.1: cell(0.004, 0.010, 0.001), 0.3: cell(0.003, 0.010, 0.001)}, sizes=4)
+    assert halved["never_worse_met"] and halved["halved_met"]
+    assert bench.goal_chosen(within, sizes=3)["halved_met"] is None  # not scored below 4 sizes
+
+
 def test_the_cpu_families_stored_curves_give_the_recorded_results():
     data = os.path.join(ROOT, "benchmarks", "data", "cpu-families", "tpp10")
     paths = sorted(os.path.join(data, size, seed) for size in os.listdir(data)

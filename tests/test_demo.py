@@ -26,9 +26,9 @@ def test_the_family_pins_tau_under_one_recipe_and_fixes_tokens_lr_batch_and_deca
     assert len({(p.base_lr, p.batch_seqs) for p in naive + tau}) == 1
     widths = [configs[f"naive/{s}"].model.d_model for s in design.sizes]
     assert naive[-1].tau / naive[0].tau == pytest.approx(widths[-1] / widths[0])  # one λ: τ grows with the width
-    for group, n in (("tau", design.tau_seeds), ("naive", design.naive_seeds)):
-        assert sorted(r.replica for r in runs if r.group == group and r.label == design.sizes[0]) == list(range(n))
-    assert design.tau_seeds >= seeds and design.naive_seeds >= 2
+    for s in design.sizes:  # every size has `seeds` τ runs (or more) and 2 naive ones (or more)
+        assert len([r for r in runs if r.group == "tau" and r.label == s]) >= seeds
+        assert len([r for r in runs if r.group == "naive" and r.label == s]) >= 2
     seeds_of = {r.name: configs[r.name].train.seed for r in runs}
     for r in runs:
         if r.group == "naive":

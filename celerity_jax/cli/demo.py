@@ -13,12 +13,13 @@ def add_commands(subparsers) -> None:
     options.add_workdir_options(p, default="runs/demo", workdir_help="the demo's directory: a run directory per "
                                                                      "run, demo.png, report.md and report.json; "
                                                                      "with --full runs/demo-full")
-    p.set_defaults(workdir=None)  # resolved by the form: --full's family runs are not the default form's
+    # Not required, and resolved by the form in demo_command: --full's family runs are not the default form's.
+    p.set_defaults(workdir=None)
     form = p.add_mutually_exclusive_group()
-    form.add_argument("--quick", action="store_true", help="panels 1 and 2 only (about 3 minutes)")
+    form.add_argument("--quick", action="store_true", help="panels 1 and 2 only (about 5 minutes here)")
     form.add_argument("--full", action="store_true",
                       help=f"the family over {','.join(FULL.sizes)} with {FULL.tau_seeds} seeds per size under the τ "
-                           f"recipe and {FULL.naive_seeds} under the naive one, scored downstream (about 45 minutes)")
+                           f"recipe and {FULL.naive_seeds} under the naive one, scored downstream (about 30 minutes here)")
     p.add_argument("--sizes", default=None,
                    help="comma-separated experiments/demo/sizes/<size>.gin names for the family, smallest first "
                         f"(default {','.join(DEFAULT.sizes)}, with --full {','.join(FULL.sizes)})")

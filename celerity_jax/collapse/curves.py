@@ -194,8 +194,9 @@ def supercollapse(curves_KxRxG: jax.Array, frac_G: jax.Array, lo: float = 0.2,
 
 
 def supercollapse_floor(seeds_K) -> float:
-    """The Δ/σ a family with no size effect shows on average (to first order): √((K−1)/K · mean_k 1/R_k) for K
-    sizes with R_k seeds, since each seed mean then scatters by σ/√R_k; √((K−1)/(K·R)) at R seeds each."""
+    """The root-mean-square Δ/σ of a family with no size effect (to first order): √((K−1)/K · mean_k 1/R_k) for K
+    sizes with R_k seeds, since each seed mean then scatters by σ/√R_k; √((K−1)/(K·R)) at R seeds each. The mean
+    Δ/σ of such a family sits somewhat below it (Δ is a standard deviation, not its square)."""
     seeds_K = np.asarray(seeds_K, float)
     k = len(seeds_K)
     return float(np.sqrt((k - 1) / k * np.mean(1.0 / seeds_K)))
@@ -214,10 +215,12 @@ def family_measures(curves_KxRxG: np.ndarray, n_params_K, frac_G: np.ndarray, lo
     - `mae_by_size`: the paper's metric, mean |ℓ_k − family mean| of each size's seed-mean curve; `mae` their
       mean (`collapse_quality`'s mean_abs_dev over the seed means).
     """
-    curves_KxRxG = np.asarray(curves_KxRxG, float)
     keep_G = (frac_G >= lo) & (frac_G <= hi)
-    valid_KxR = np.all(np.isfinite(curves_KxRxG), axis=2)
+    valid_KxR = np.all(np.isfinite(np.asarray(curves_KxRxG, float)[:, :, keep_G]), axis=2)
+    curves_KxRxG = np.where(valid_KxR[:, :, None], curves_KxRxG, np.nan)  # a seed counts only whole over the range
     seeds_K = valid_KxR.sum(axis=1)
+    if len(n_params_K) != len(seeds_K):
+        raise ConfigError(f"{len(n_params_K)} parameter counts for {len(seeds_K)} sizes; give one N per size")
     if len(seeds_K) < 2 or seeds_K.min() < 1 or seeds_K.max() < 2:
         raise ConfigError(f"a family's measures need two sizes or more, each with a curve, and a size with two seeds "
                           f"(seeds by size: {seeds_K.tolist()})")
@@ -235,7 +238,8 @@ def family_measures(curves_KxRxG: np.ndarray, n_params_K, frac_G: np.ndarray, lo
     seed_mean_KxG = np.nanmean(curves_KxRxG, axis=1)
     mae_K = np.abs(seed_mean_KxG - seed_mean_KxG.mean(axis=0))[:, keep_G].mean(axis=1)
     super_ = {k: float(v) for k, v in supercollapse(curves_KxRxG, frac_G, lo, hi).items()}
-    return {"trend_slope": slope, "trend_se": se, "trend": slope / se if se > 0 else float("inf") * np.sign(slope),
+    trend = slope / se if se > 0 else (0.0 if slope == 0 else float("inf") * np.sign(slope))
+    return {"trend_slope": slope, "trend_se": se, "trend": trend,
             "delta": super_["delta"], "sigma": super_["sigma"], "delta_over_sigma": super_["ratio"],
             "floor": supercollapse_floor(seeds_K), "mae_by_size": [float(m) for m in mae_K], "mae": float(mae_K.mean()),
             "seeds": [int(r) for r in seeds_K]}

@@ -4,9 +4,9 @@ A run of fewer than MIN_STEPS optimizer steps, or fewer than MIN_TOKENS training
 whose shape still moves with the run's length at a fixed N, τ and schedule: it spends a larger part of training
 in the fast early drop of the loss, a transient of a fixed number of steps, and its normalized curve is flatter
 after it. The thresholds are the knees in steps and in tokens that experiments/short_run_regime/ measured on the
-CPU-sized family (results.md there; docs/science.md §9), each at the upper end of its resampled range, rounded.
-A run, or a reference made from one, below them is still usable, but its shape is not its longer siblings', so
-the tools that compare shapes warn.
+CPU-sized family (results.md there; docs/science.md §9), each at the upper end of its resampled range, to two
+significant figures. A run, or a reference made from one, below them is still usable, but its shape is not its
+longer siblings', so the tools that compare shapes warn.
 """
 
 MIN_STEPS = 1_300

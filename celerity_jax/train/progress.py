@@ -8,13 +8,13 @@ import time
 class Progress:
     """A one-line progress bar with ETA on a terminal; plain log lines otherwise."""
 
-    def __init__(self, total_steps: int, start_step: int, stream=sys.stdout, quiet: bool = False):
+    def __init__(self, total_steps: int, start_step: int, stream=None, quiet: bool = False):
         self.quiet = quiet
         self.total = total_steps
         self.start_step = start_step
         self.start_time = time.time()
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.stream = sys.stdout if stream is None else stream  # stdout as it is now, not at import
+        self.tty = self.stream.isatty()
 
     def update(self, step: int, values: dict[str, float]) -> None:
         if self.quiet:

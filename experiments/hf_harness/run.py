@@ -1,7 +1,7 @@
 """Scores a run on the built-in task twice, with `celerity eval`'s harness model and with `lm_eval --model hf` on the
 run's Hugging Face export (custom class, trust_remote_code), and writes both to results.json beside this file.
 
-    python experiments/hf_harness/run.py --workdir runs/demo/tau/d80-l5 --limit 1000
+    python experiments/hf_harness/run.py --workdir runs/demo-full/tau/d64-l4 --limit 1000
 """
 
 import argparse

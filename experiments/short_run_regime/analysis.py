@@ -5,8 +5,9 @@ demo's measure). The study asks which of steps T, tokens D and parameters N (or 
 where on it stops following them:
 
 - least squares of m on ln T, ln D and ln N together, and on each alone, over the baseline cells;
-- a broken stick m = m∞ + s·min(ln T − ln T*, 0), fitted by grid search on T*, over the d40-l2 baseline runs,
-  and the same in tokens; T* is the regime threshold, the knee where the rise stops;
+- a broken stick in both at once, m = m∞ + s_T·min(ln T − ln T*, 0) + s_D·min(ln D − ln D*, 0), fitted by grid
+  search on (T*, D*) over the d40-l2 baseline runs, with the knees' spread over resampled seeds: T* and D* are
+  where the rise stops;
 - the candidates: the rise from 166 to 1,324 steps (tpp2 → tpp16 at a batch of 16) under each candidate
   change, against the baseline's.
 """

@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 SEEDS = (0, 1)
 TAU = 0.35  # the law 0.78·TPP^-0.5 at 5 TPP, held for every cell
 SIZE_FILES = {s: os.path.join(EXPERIMENTS, "demo", "sizes", f"{s}.gin") for s in ("d40-l2", "d56-l3", "d80-l5")}
-EVAL_SEQS = 128  # eval.gin: 8 batches of 16 sequences, the same sequences at every batch
+EVAL_SEQS = 128  # eval.gin's 128 held-out sequences, the same ones at every batch
 BASE_LR = 1.2e-2  # experiments/tiny/base.gin
 PARAMS_TOKENS_TPP = 8.0  # the `params` cell's budget: the d40-l2 run at this TPP
 

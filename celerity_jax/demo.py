@@ -25,7 +25,6 @@ import os
 from celerity_jax.errors import ConfigError
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Design:
     """What one form of the demo trains besides panels 1 and 2: the family's sizes (smallest first; none for

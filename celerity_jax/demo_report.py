@@ -105,6 +105,14 @@ def family_runs_KxR(runs: list, group: str) -> list[list]:
     return [[r for r in runs if r.group == group and r.label == s] for s in sizes]
 
 
+def _trend_met(measures: dict) -> bool:
+    return bool(abs(measures["trend"]) <= TARGET_TREND)
+
+
+def _floor_met(measures: dict) -> bool:
+    return bool(measures["delta_over_sigma"] <= TARGET_FLOOR_MULTIPLE * measures["floor"])
+
+
 def family_panel(curves: dict, runs: list, frac_G: np.ndarray, n_params: dict[str, int]) -> dict:
     """Panel 3: `curves.family_measures` of each recipe's family (trend against ln N, Δ/σ with its floor, the
     paper's MAE), the τ family's targets, and the naive / τ ratio of MAEs (reported, no target)."""
@@ -118,13 +126,11 @@ def family_panel(curves: dict, runs: list, frac_G: np.ndarray, n_params: dict[st
         for k, row in enumerate(grid):
             for j, r in enumerate(row):
                 curves_KxRxG[k, j] = curves[r.name]
-        measures = curve_math.family_measures(curves_KxRxG, [n_params[row[0].name] for row in grid], frac_G,
-                                              *compare.QUALITY_RANGE)
-        out[name] = {"sizes": [row[0].label for row in grid], "n_params": [n_params[row[0].name] for row in grid],
-                     **measures}
+        n_params_K = [n_params[row[0].name] for row in grid]
+        out[name] = {"sizes": [row[0].label for row in grid], "n_params": n_params_K,
+                     **curve_math.family_measures(curves_KxRxG, n_params_K, frac_G, *compare.QUALITY_RANGE)}
     tau = out["tau"]
-    tau["met"] = bool(abs(tau["trend"]) <= TARGET_TREND and
-                      tau["delta_over_sigma"] <= TARGET_FLOOR_MULTIPLE * tau["floor"])
+    tau["met"] = _trend_met(tau) and _floor_met(tau)
     out["mae_ratio"] = out["naive"]["mae"] / tau["mae"]
     out["met"] = tau["met"]
     return out
@@ -249,10 +255,10 @@ def _panel_lines(panels: dict, base: dict) -> list[str]:
                                  for name, m in ((n, p[n]) for n in RECIPES)])
         lines += ["",
                   f"- τ family, trend: **{tau['trend']:+.1f} SE** (target |trend| <= {TARGET_TREND:g}: "
-                  f"{_met(abs(tau['trend']) <= TARGET_TREND)})",
+                  f"{_met(_trend_met(tau))})",
                   f"- τ family, Δ/σ: **{tau['delta_over_sigma']:.2f}** against a floor of {tau['floor']:.2f} "
                   f"(target <= {TARGET_FLOOR_MULTIPLE:g} × floor = {TARGET_FLOOR_MULTIPLE * tau['floor']:.2f}: "
-                  f"{_met(tau['delta_over_sigma'] <= TARGET_FLOOR_MULTIPLE * tau['floor'])})",
+                  f"{_met(_floor_met(tau))})",
                   f"- The naive family (no target): trend {p['naive']['trend']:+.1f} SE, Δ/σ "
                   f"{p['naive']['delta_over_sigma']:.2f}, MAE {p['naive']['mae']:.4f}, {p['mae_ratio']:.2f}× the τ "
                   "family's.", ""]
@@ -267,9 +273,8 @@ def regime_check(facts: dict[str, dict]) -> dict:
     """Which runs are shorter than the short-run regime (`collapse.regime`), with its thresholds."""
     from celerity_jax.collapse import regime
 
-    outside = {name: line for name, f in facts.items() if (line := regime.outside(f["steps"], f["tokens"]))}
-    return {"min_steps": regime.MIN_STEPS, "min_tokens": regime.MIN_TOKENS, "outside": sorted(outside),
-            "lines": outside}
+    return {"min_steps": regime.MIN_STEPS, "min_tokens": regime.MIN_TOKENS,
+            "outside": sorted(name for name, f in facts.items() if regime.outside(f["steps"], f["tokens"]))}
 
 
 def write_report(workdir: str, runs: list, seconds: dict[str, float], design: str, variant: tuple[str, ...] = (),
@@ -307,7 +312,7 @@ def write_report(workdir: str, runs: list, seconds: dict[str, float], design: st
     lines += _panel_lines(panels, facts["timescale/base"])
     lines += ["## Runs", ""] + table + [""]
     summary = {"quick": design == "quick", "design": design, "train_seconds": sum(seconds.values()),
-               "wall_seconds": wall_seconds, "regime": {k: v for k, v in regime.items() if k != "lines"}, **panels,
+               "wall_seconds": wall_seconds, "regime": regime, **panels,
                "runs": facts}
     if downstream:
         downstream_lines, summary["downstream"] = _downstream_report(workdir, downstream)

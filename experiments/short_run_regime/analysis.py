@@ -139,7 +139,7 @@ def analyse(runs: list[dict]) -> dict:
             "steps": ols(y, {"ln_steps": ln["steps"]}), "tokens": ols(y, {"ln_tokens": ln["tokens"]}),
             "tpp": ols(y, {"ln_tpp": ln["tpp"]})}
     sticks = knees(runs)
-    seed_se = float(np.sqrt(np.mean([np.var([r["m"] for r in runs if r["name"] == n], ddof=1)
+    seed_sd = float(np.sqrt(np.mean([np.var([r["m"] for r in runs if r["name"] == n], ddof=1)
                                      for n in {r["name"] for r in runs}
                                      if sum(r["name"] == n for r in runs) > 1])))
     means = cell_means(runs)
@@ -158,7 +158,7 @@ def analyse(runs: list[dict]) -> dict:
     lr_test = {name: {"m": means[name]["m"], "m_se": means[name]["m_se"], "steps": means[name]["steps"],
                       "same_steps": {"run": a, "m": means[a]["m"]}, "same_summed_lr": {"run": b, "m": means[b]["m"]}}
                for name, (a, b) in same.items() if all(x in means for x in (name, a, b))}
-    return {"lr_test": lr_test, "fits": fits, "broken_stick": sticks, "seed_sd_of_m": seed_se, "cells": means,
+    return {"lr_test": lr_test, "fits": fits, "broken_stick": sticks, "seed_sd_of_m": seed_sd, "cells": means,
             "candidates": {k: v for k, v in candidates.items() if v is not None}}
 
 

@@ -225,6 +225,23 @@ def test_choose_method_keeps_nearest_when_family_loses_or_wins_within_the_noise(
     assert set(four.scores) == set(predictor.METHODS) and four.method in ("family", "shrunk")
 
 
+def test_choose_method_across_families_scores_them_together_and_picks_one_method():
+    drift = _drifting_refs([0.0, 0.02, 0.04], sizes=SIZES[:3])     # alone: family
+    zigzag = _drifting_refs([0.02, -0.02, 0.02], sizes=SIZES[:3])  # alone: nearest
+    alone = [predictor.choose_method(refs, GRID_G, 0.3) for refs in (drift, zigzag)]
+    assert [c.method for c in alone] == ["family", "nearest"]
+    both = predictor.choose_method_across([drift, zigzag], GRID_G, 0.3)
+    for m in ("nearest", "family"):
+        assert both.scores[m] == pytest.approx((alone[0].scores[m] + alone[1].scores[m]) / 2)
+    assert both.method == "nearest" and both.reason.endswith("(3 sizes, 2 families)")
+    # the noise test pairs per-size gains averaged over the families: a family twice is the family once
+    twice = predictor.choose_method_across([drift, drift], GRID_G, 0.3)
+    assert twice.method == "family" and twice.scores == pytest.approx(alone[0].scores)
+    apart = predictor.choose_method_across([drift[:2], drift[1:]], GRID_G, 0.3)
+    assert apart == predictor.Choice("nearest", {}, "nearest: the references have fewer than two sizes in common, "
+                                                    "so there is no other method to choose")
+
+
 def test_choose_method_with_too_few_sizes_is_nearest():
     refs = _drifting_refs([0.0, 0.02, 0.04], sizes=SIZES[:3])
     one = predictor.choose_method([refs[0], dataclasses.replace(refs[1], controls=refs[0].controls)], GRID_G, 0.3)

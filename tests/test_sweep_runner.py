@@ -2,6 +2,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -96,6 +97,56 @@ def test_full_sweep_predicts_the_true_ranking_with_no_regret(tmp_path, fake_trai
     assert "shrunk was asked for, but it needs references of 3 sizes" in shrunk["method_choice"]["0.1"]["reason"]
 
 
+def _drift_at_low_tau_loss(plan, step_T):
+    """At τ 0.1 the curve's shape drifts with log N (the family-aware curve predicts it); at the others it zigzags
+    with N (d48 up, d64 down, d80 up), which the nearest size predicts better."""
+    frac = step_T / plan.steps
+    log_n = math.log2(plan.n_params / 1e5)
+    drift = 0.1 * log_n if plan.tau == 0.1 else 0.05 * math.cos(math.pi * round(log_n))
+    return 2.0 * (plan.n_params / 1e5) ** -0.1 * (1.0 + (0.5 + drift) * (1.0 - frac) ** 1.5)
+
+
+def test_auto_ranks_every_setting_by_one_method_chosen_on_all_their_references(tmp_path, fake_trainer):
+    sizes = tuple(os.path.join(TINY, f"{d}.gin") for d in ("d48", "d64", "d80"))
+    sweep = _spec(tmp_path, model=os.path.join(TINY, "d96.gin"), reference_models=sizes)
+    summary = runner.run_sweep(sweep, train_fn=fake_trainer(_drift_at_low_tau_loss), log=lambda _: None)
+    setting_runs = runner.plan_sweep(sweep)
+    alone = {sr.setting.name: runner.setting_predictions(sr, runner.reference_paths(sr, False), sweep)
+             for sr in setting_runs}
+    for f in map(str, sweep.fractions):
+        # each setting's references alone disagree on the method...
+        assert len({alone[name]["method_choice"][f]["method"] for name in alone}) == 2
+        # ...the sweep ranks them all by one, chosen on every setting's references
+        chosen = {s["method_choice"][f]["method"] for s in summary["settings"]}
+        assert len(chosen) == 1 and "(3 sizes, 3 families)" in summary["settings"][0]["method_choice"][f]["reason"]
+        method = chosen.pop()
+        assert all(s["predictions"]["auto"][f] == s["predictions"][method][f] for s in summary["settings"])
+
+
+def _crossing_loss(plan, step_T):
+    """The best τ (BEST_TAU, 3% lower final loss) falls more slowly at first: its curve crosses the others."""
+    best = plan.tau == BEST_TAU
+    final = 2.0 * (plan.n_params / 1e5) ** -0.1 * (1.0 if best else 1.03)
+    return final * (1.0 + (0.8 if best else 0.4) * (1.0 - step_T / plan.steps) ** 1.5)
+
+
+def test_current_best_picks_by_the_loss_so_far_and_misses_a_late_winner(tmp_path, fake_trainer):
+    summary = runner.run_sweep(_spec(tmp_path), train_fn=fake_trainer(_crossing_loss), log=lambda _: None)
+    best_final = min(s["final_loss"] for s in summary["settings"])
+    for row in summary["per_fraction"]:
+        assert row["auto"]["chosen"] == ["tau_0.3"] and row["auto"]["regret"] == 0.0
+        current = row[report.CURRENT_BEST]
+        assert current["chosen"] == [current["ranking"][0]] != ["tau_0.3"]
+        assert current["regret"] == pytest.approx(0.03 * best_final, rel=0.1)  # finals are smoothed
+        assert current["target_compute_fraction"] == row["auto"]["target_compute_fraction"]
+        for s in summary["settings"]:
+            plan = types.SimpleNamespace(tau=s["tau"], n_params=s["n_params"], steps=s["steps"])
+            expected = float(_crossing_loss(plan, np.array(row["fraction"] * s["steps"])))
+            # smoothed over the past bins of its window, on a falling curve: a little above the loss at f
+            assert expected < s["loss_so_far"][str(row["fraction"])] < 1.02 * expected
+    assert "| current best (lowest loss so far) |" in (tmp_path / "sweep" / "sweep.md").read_text()
+
+
 def test_stop_at_trains_only_the_predicted_best_and_a_rerun_finishes_the_rest(tmp_path, fake_trainer):
     trainer = fake_trainer(_sweep_loss)
     summary = runner.run_sweep(_spec(tmp_path, stop_at=0.2, keep=1), train_fn=trainer, log=lambda _: None)
@@ -105,6 +156,9 @@ def test_stop_at_trains_only_the_predicted_best_and_a_rerun_finishes_the_rest(tm
         state, done, steps = status[name]
         assert state == "stopped" and done == math.floor(0.2 * steps)
     assert sorted(summary["stopped"]) == ["tau_0.1", "tau_0.9"] and summary["true_ranking"] is None
+    # The stopped settings have no loss at t̂ = 0.3, so there is no current-best decision there.
+    assert [s["loss_so_far"]["0.3"] is None for s in summary["settings"]] == [True, False, True]
+    assert [report.CURRENT_BEST in row for row in summary["per_fraction"]] == [True, True, False]
     assert "Stopped at t̂ = 0.2" in (tmp_path / "sweep" / "sweep.md").read_text()
     calls = len(trainer.calls)
     summary = runner.run_sweep(_spec(tmp_path), train_fn=trainer, log=lambda _: None)

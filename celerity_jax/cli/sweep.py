@@ -6,8 +6,8 @@ trains them on smaller models (`--reference-model`, cheap; once per setting, sin
 for all settings with `--shared-references` when the swept binding leaves the controls alone, e.g. the
 batch at fixed τ), or takes them as files (`--reference`, `--reference-for`). It trains the target model
 of every setting, predicts each setting's final loss at every checkpoint fraction by early-align
-against its references (by the method `--method` names, or the one chosen per fraction from the references alone)
-and ranks the settings. With `--stop-at F
+against its references (by the method `--method` names, or the one chosen per fraction from all the settings'
+references alone) and ranks the settings. With `--stop-at F
 --keep K` only the K best by the prediction at F train past F; the others keep a checkpoint at F, so a
 rerun with a larger `--keep` (or without `--stop-at`) finishes them. Rerunning a command resumes it.
 With `--storage URL` the settings are the trials of an Optuna study that any number of workers take (the same

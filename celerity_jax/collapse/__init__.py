@@ -16,7 +16,8 @@ Modules, each importing only those above it:
   reference outside the short-run regime (`regime_notes`).
 - `predictor`: the one home of final-loss prediction (a run's curve so far, its references by the nearest, family
   or shrunk method, the window), and the choice of method by leave-one-size-out on the references
-  (`choose_method`, `method_for`): the monitor, `celerity collapse predict`, the sweep and the benchmark call it.
+  (`choose_method`, `method_for`; `choose_method_across` for a sweep's settings together): the monitor,
+  `celerity collapse predict`, the sweep and the benchmark call it.
 - `monitor`: the in-loop monitor's jitted state and metrics, and its replay on a recorded curve.
 - `compare`: quality tables and figures of finished runs.
 - `detectors`: a raw-loss z-score detector, the baseline the alert is measured against.

@@ -11,7 +11,8 @@ plus `min_span`.
 
 Which method: `method_for` takes a named one, or with "auto" asks `choose_method`, which scores every method
 the references allow by leave-one-size-out on those references alone (never on the run) at the fraction being
-predicted, and keeps "nearest" unless another beats it by more than the noise of that score. Each `Choice`
+predicted, and keeps "nearest" unless another beats it by more than the noise of that score; a sweep, which
+ranks settings against each other, chooses one method for all of them (`choose_method_across`). Each `Choice`
 carries a one-line reason that the callers show.
 
 Every user of prediction calls this module: the in-loop monitor's collapse/pred_final_loss
@@ -139,34 +140,51 @@ def choose_method(refs: Sequence[Reference], frac_G: np.ndarray, seen: float,
     gain, the mean over held-out sizes of |e_nearest| − |e_winner|, exceeds NOISE_SE standard errors of that
     paired difference. With one size (or an unknown N), or too few sizes to score another method, it is "nearest".
     """
-    sizes = _sizes(refs)
+    return choose_method_across([refs], frac_G, seen, window, align_start, offset)
+
+
+def choose_method_across(families: Sequence[Sequence[Reference]], frac_G: np.ndarray, seen: float,
+                         window: tuple[float, float] | None = None, align_start: float = 0.5,
+                         offset: float = 0.0) -> Choice:
+    """`choose_method` for several reference families at once, e.g. one per setting of a sweep, which must rank its
+    settings by one method: predictions by different methods carry different biases, so a ranking across methods
+    compares the biases. The sizes every family has are held out in turn; scores are the mean over every family and
+    held-out size, and the noise test pairs the gains per size averaged over the families (the families, trained
+    alike, are not independent draws)."""
+    sizes = sorted(set.intersection(*(set(_sizes(refs)) for refs in families)))  # held out in every family
     if len(sizes) < 2:
-        why = "N unknown" if any(r.controls.n_params is None for r in refs) else "one size"
+        unknown = any(r.controls.n_params is None for refs in families for r in refs)
+        why = ("N unknown" if unknown else "one size" if len(families) == 1 else
+               "fewer than two sizes in common")
         return Choice("nearest", {}, f"nearest: the references have {why}, so there is no other method to choose")
     span = window_at(seen, window, align_start)
-    errors: dict[str, list[float]] = {m: [] for m in METHODS if SIZES_NEEDED[m] <= len(sizes) - 1}
-    for n in sizes:
-        held = [r for r in refs if r.controls.n_params == n]
-        others = [r for r in refs if r.controls.n_params != n]
-        for method in errors:
-            ref_G = reference_for(others, frac_G, n, method)
-            errors[method].append(float(np.mean([_held_out_error(r, ref_G, frac_G, seen, span, offset)
-                                                 for r in held])))
+    fewest = min(len(_sizes(refs)) for refs in families)
+    errors = {m: [[] for _ in sizes] for m in METHODS if SIZES_NEEDED[m] <= fewest - 1}  # [size][family]
+    for refs in families:
+        for k, n in enumerate(sizes):
+            held = [r for r in refs if r.controls.n_params == n]
+            others = [r for r in refs if r.controls.n_params != n]
+            for method in errors:
+                ref_G = reference_for(others, frac_G, n, method)
+                errors[method][k].append(float(np.mean([_held_out_error(r, ref_G, frac_G, seen, span, offset)
+                                                        for r in held])))
     at = f"at t̂ {seen:.3g}"
-    scores = {m: float(np.mean(np.abs(e))) for m, e in errors.items() if np.all(np.isfinite(e))}
+    abs_KxF = {m: np.abs(np.array(e)) for m, e in errors.items()}
+    scores = {m: float(a.mean()) for m, a in abs_KxF.items() if np.all(np.isfinite(a))}
     if "nearest" not in scores:
         return Choice("nearest", {}, f"nearest: {at} no size could be predicted (the window [{span[0]:.3g}, "
                                      f"{span[1]:.3g}] holds no bin seen), so no method could be scored")
     best = min(scores, key=scores.get)
+    over = f"{len(sizes)} sizes" + (f", {len(families)} families" if len(families) > 1 else "")
     if len(scores) == 1:
-        return Choice("nearest", scores, f"nearest: with {len(sizes)} sizes leave-one-size-out can score no other "
+        return Choice("nearest", scores, f"nearest: with {fewest} sizes leave-one-size-out can score no other "
                                          f"method (family needs 3 sizes, shrunk 4); its error {at} "
                                          f"{100 * scores['nearest']:.2f}%")
     against = ", ".join(f"{m} {100 * s:.2f}%" for m, s in scores.items() if m != best)
-    line = f"leave-one-size-out error {at} {100 * scores[best]:.2f}% against {against} ({len(sizes)} sizes)"
+    line = f"leave-one-size-out error {at} {100 * scores[best]:.2f}% against {against} ({over})"
     if best == "nearest":
         return Choice("nearest", scores, f"nearest: {line}")
-    gain_K = np.abs(errors["nearest"]) - np.abs(errors[best])
+    gain_K = (abs_KxF["nearest"] - abs_KxF[best]).mean(axis=1)
     se = float(np.std(gain_K, ddof=1) / math.sqrt(len(gain_K)))
     if gain_K.mean() > NOISE_SE * se:
         return Choice(best, scores, f"{best}: {line}")

@@ -2,8 +2,9 @@
 decisions they lead to, and (once every setting finished) the truth, regret and compute.
 
 Each setting holds its predictions by every method its references allow, "method" (the entry that ranks; "auto"
-is each fraction's chosen method) and "method_choice" (per fraction: the method, the reason, the scores); notes
-include the references outside the short-run regime.
+is each fraction's chosen method), "method_choice" (per fraction: the method, the reason, the scores) and
+"loss_so_far"; notes include the references outside the short-run regime. Each fraction's decisions are those
+of every prediction method and of "current_best", the lowest loss so far (the baseline without a prediction).
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ from celerity_jax.run import Run
 
 FORMAT = "celerity-sweep/1"
 PREDICTION_METHODS = ("auto", "family", "nearest", "shrunk")
+CURRENT_BEST = "current_best"  # the baseline decision: the lowest smoothed loss so far, no prediction
 
 
 def rank(values: dict[str, float]) -> list[str]:
@@ -82,12 +84,19 @@ def summarize(spec, setting_runs: list, predictions: dict[str, dict], done: dict
             "predictions": {m: predictions[name][m] for m in PREDICTION_METHODS if m in predictions[name]},
             "references": predictions[name]["references"],
             "nearest_reference": predictions[name]["nearest_reference"], "notes": predictions[name]["notes"],
+            "loss_so_far": predictions[name]["loss_so_far"],
             "target_flops_full": flops(target, p.steps), "target_flops_done": flops(target, done[target.name])})
     names = [s["name"] for s in settings]
     ref_runs = {r.name: r for sr in setting_runs for r in sr.references}
     ref_flops = sum(flops(r, done[label]) for label, r in ref_runs.items())
     full_flops = {s["name"]: s["target_flops_full"] for s in settings}
     truth = rank(finals) if len(finals) == len(names) else None
+
+    def compute_fraction(chosen: list[str], f: float) -> tuple[float, float]:
+        """Target and total compute if every setting trains to f and only the chosen ones on to the end."""
+        used = sum(full_flops[s["name"]] * (1.0 if s["name"] in chosen else stop_step_frac(s, f)) for s in settings)
+        return used / sum(full_flops.values()), (used + ref_flops) / (sum(full_flops.values()) + ref_flops)
+
     per_fraction = []
     for f in spec.fractions:
         row = {"fraction": f}
@@ -102,17 +111,22 @@ def summarize(spec, setting_runs: list, predictions: dict[str, dict], done: dict
                 first, second = ([preds[k] for k in entry["ranking"][:2]] + [None])[:2]
                 entry["separation_sigma"] = (None if second is None else (second["pred"] - first["pred"])
                                              / math.hypot(first["err"], second["err"]))
-                # Compute if every setting trains to f and only the chosen ones on to the end.
-                used = sum(full_flops[s["name"]] * (1.0 if s["name"] in chosen else stop_step_frac(s, f))
-                           for s in settings)
-                entry["target_compute_fraction"] = used / sum(full_flops.values())
-                entry["total_compute_fraction"] = (used + ref_flops) / (sum(full_flops.values()) + ref_flops)
+                entry["target_compute_fraction"], entry["total_compute_fraction"] = compute_fraction(chosen, f)
             if truth is not None and chosen is not None:
                 entry["regret"] = min(finals[k] for k in chosen) - finals[truth[0]]
                 entry["kendall_tau"] = kendall_tau(entry["ranking"], truth)
                 entry["errors"] = {k: preds[k]["pred"] / finals[k] - 1.0 for k in names}
                 entry["mean_abs_error"] = float(np.mean([abs(e) for e in entry["errors"].values()]))
             row[method] = entry
+        so_far = {s["name"]: s["loss_so_far"][str(f)] for s in settings}
+        if all(x is not None for x in so_far.values()):
+            ranking = rank(so_far)
+            entry = {"ranking": ranking, "chosen": ranking[:spec.keep]}
+            entry["target_compute_fraction"], entry["total_compute_fraction"] = compute_fraction(entry["chosen"], f)
+            if truth is not None:
+                entry["regret"] = min(finals[k] for k in entry["chosen"]) - finals[truth[0]]
+                entry["kendall_tau"] = kendall_tau(ranking, truth)
+            row[CURRENT_BEST] = entry
         per_fraction.append(row)
     return {
         "format": FORMAT, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "param": spec.param,
@@ -137,6 +151,8 @@ def _prediction(p: dict | None) -> str:
 
 def _method_label(method: str, settings: list[dict], fraction: float) -> str:
     """A decision row's method; "auto" with the methods it chose at the fraction, e.g. "auto (family)"."""
+    if method == CURRENT_BEST:
+        return "current best (lowest loss so far)"
     if method != "auto":
         return method
     chosen = dict.fromkeys(s["method_choice"][str(fraction)]["method"] for s in settings)
@@ -154,9 +170,9 @@ def _ranking_prediction(setting: dict, fraction: float) -> str:
 def _decision_row(fraction: float, method: str, e: dict) -> list:
     if e["chosen"] is None:
         return [f"{fraction:g}", method, "not reached by every setting"] + [""] * 7
-    sep = e["separation_sigma"]
-    truth = ([f"{e['regret']:.4f}", f"{e['kendall_tau']:.2f}", f"{100 * e['mean_abs_error']:.2f}%"]
-             if "regret" in e else ["–"] * 3)
+    sep = e.get("separation_sigma")
+    error = f"{100 * e['mean_abs_error']:.2f}%" if "mean_abs_error" in e else "–"  # the current best predicts none
+    truth = [f"{e['regret']:.4f}", f"{e['kendall_tau']:.2f}", error] if "regret" in e else ["–"] * 3
     return [f"{fraction:g}", method, " < ".join(e["ranking"]), ", ".join(e["chosen"]),
             "–" if sep is None else f"{sep:.1f}", f"{100 * e['target_compute_fraction']:.0f}%",
             f"{100 * e['total_compute_fraction']:.0f}%", *truth]
@@ -184,13 +200,15 @@ def render_markdown(summary: dict) -> str:
         ["fraction", "method", "predicted ranking", "chosen", "separation (σ)", "target compute", "with references",
          "regret", "Kendall τ", "mean abs error"],
         (_decision_row(row["fraction"], _method_label(method, settings, row["fraction"]), row[method])
-         for row in summary["per_fraction"] for method in PREDICTION_METHODS if row.get(method) is not None))
+         for row in summary["per_fraction"] for method in (*PREDICTION_METHODS, CURRENT_BEST)
+         if row.get(method) is not None))
     c = summary["compute"]
     lines += ["", "Compute: the share of the all-to-the-end target FLOPs that training every setting to the "
                   f"fraction and only the {summary['keep']} chosen to the end costs (\"with references\" adds the "
                   "reference runs to both). Regret: final loss of the best chosen setting minus the best final "
-                  "loss. Separation: gap between the first two predictions over their combined 1σ error "
-                  "(residual noise only; seed noise not included).", "",
+                  "loss. Current best: the settings with the lowest smoothed training loss at the fraction, "
+                  "chosen without a prediction. Separation: gap between the first two predictions over their "
+                  "combined 1σ error (residual noise only; seed noise not included).", "",
               f"Trained so far: targets {c['target_flops_done']:.3g} of {c['target_flops_full']:.3g} FLOPs, "
               f"references {c['reference_flops_done']:.3g} FLOPs."]
     if summary["stopped"]:

@@ -1,7 +1,8 @@
 """Runs a sweep: plans every run (and checks them all before anything trains), trains references and
 targets through `celerity_jax.run` (to --stop-at, then only the kept settings to the end), and predicts
 each setting's final loss at every fraction by early-align against its references, by the method the spec names
-or, with "auto", the one predictor.choose_method picks at that fraction from the references alone.
+or, with "auto", the one predictor.choose_method_across picks at that fraction from every setting's references
+alone, one method for all settings so that their predictions are compared like with like.
 
 Workdir layout:
     sweep.json, sweep.md               the summary (report.py), rewritten at the end of every invocation
@@ -116,27 +117,61 @@ def _predict(curve, reference_G, frac: float, align_start: float, offset: float)
     return None if pred is None else {"pred": pred.final, "err": pred.err}
 
 
-def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec) -> dict:
-    """One setting's target predicted at every fraction by every method its references allow: {method: {fraction:
-    prediction}}, with "references", "nearest_reference", "notes" (what could not be checked, and references
-    outside the short-run regime) and "method_choice" {fraction: {"method", "reason", "scores"}}.
+def loss_so_far(curve, frac: float, n_bins: int, smooth_bins: int) -> float | None:
+    """The smoothed training loss at t̂ = `frac` (the last bin reached, averaged over the past bins of the
+    smoothing window), what a sweep keeping the lowest loss so far compares; None before `frac` is reached."""
+    if curve.step_T[-1] < math.floor(frac * curve.total_steps + 1e-9):
+        return None
+    seen_T = curve.frac_T <= frac + 1e-9
+    sum_G, count_G = curves.bin_curve(curve.frac_T[seen_T], curve.loss_T[seen_T], n_bins)
+    mean_G, _ = curves.smooth(sum_G, count_G, smooth_bins)
+    return float(mean_G[int(curves.last_bin(count_G))])
 
-    "method" names the entry that ranks the settings: the spec's method ("nearest" when the references have too
-    few sizes for it), or with "auto" the entry "auto", at each fraction the prediction of the method
-    predictor.choose_method picks there from the references alone."""
+
+def _loaded(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec):
+    """The setting's target curve, its references checked against it, and the notes of the check."""
     grid = sr.target.configs.monitor.grid
     curve = files.load_curve(sr.target.workdir)
     refs, notes = reference.load_checked(ref_paths, grid, curve.controls, sr.target.name, spec.force, curve.loss)
+    return curve, refs, notes
+
+
+def sweep_choices(setting_runs: list, ref_paths: dict[str, list[str]], spec: SweepSpec) -> dict | None:
+    """With "auto", the method every setting is ranked by at each fraction {fraction: Choice}, chosen by
+    leave-one-size-out on all the settings' references together (predictor.choose_method_across); else None."""
+    if spec.method != "auto":
+        return None
+    families = [_loaded(sr, ref_paths[sr.setting.name], spec)[1] for sr in setting_runs]
+    grid = setting_runs[0].target.configs.monitor.grid
+    frac_G = curves.bin_centers(grid.n_bins)
+    return {str(f): predictor.choose_method_across(families, frac_G, f, align_start=spec.align_start,
+                                                   offset=grid.offset) for f in spec.fractions}
+
+
+def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec, choices: dict | None = None) -> dict:
+    """One setting's target predicted at every fraction by every method its references allow: {method: {fraction:
+    prediction}}, with "references", "nearest_reference", "notes" (what could not be checked, and references
+    outside the short-run regime), "method_choice" {fraction: {"method", "reason", "scores"}} and "loss_so_far"
+    {fraction: the smoothed loss there}.
+
+    "method" names the entry that ranks the settings: the spec's method ("nearest" when the references have too
+    few sizes for it), or with "auto" the entry "auto", at each fraction the prediction of the method in `choices`
+    (`sweep_choices`, one for every setting), or without them the one predictor.choose_method picks there from
+    this setting's references alone."""
+    grid = sr.target.configs.monitor.grid
+    curve, refs, notes = _loaded(sr, ref_paths, spec)
     frac_G, n_params = curves.bin_centers(grid.n_bins), sr.target.plan.n_params
     out = {"method": spec.method, "references": ref_paths,
            "nearest_reference": reference.nearest(refs, n_params).source,
-           "notes": notes + reference.regime_notes(refs), "method_choice": {}}
+           "notes": notes + reference.regime_notes(refs), "method_choice": {},
+           "loss_so_far": {str(f): loss_so_far(curve, f, grid.n_bins, grid.smooth_bins) for f in spec.fractions}}
     for method in predictor.available(refs):
         reference_G = predictor.reference_for(refs, frac_G, n_params, method)
         out[method] = {str(f): _predict(curve, reference_G, f, spec.align_start, grid.offset) for f in spec.fractions}
     for f in spec.fractions:
-        choice = predictor.method_for(spec.method, refs, frac_G, n_params, f, align_start=spec.align_start,
-                                      offset=grid.offset)
+        choice = (choices[str(f)] if choices is not None else
+                  predictor.method_for(spec.method, refs, frac_G, n_params, f, align_start=spec.align_start,
+                                       offset=grid.offset))
         out["method_choice"][str(f)] = dataclasses.asdict(choice)
         if spec.method == "auto":
             out.setdefault("auto", {})[str(f)] = out[choice.method][str(f)]
@@ -162,7 +197,9 @@ def run_sweep(spec: SweepSpec, train_fn=None, log=print) -> dict:
         train(sr.target, None if spec.stop_at is None else stop_step(sr.target.plan, spec.stop_at))
 
     def predictions() -> dict[str, dict]:
-        return {sr.setting.name: setting_predictions(sr, ref_paths[sr.setting.name], spec) for sr in setting_runs}
+        choices = sweep_choices(setting_runs, ref_paths, spec)
+        return {sr.setting.name: setting_predictions(sr, ref_paths[sr.setting.name], spec, choices)
+                for sr in setting_runs}
 
     predicted, stopped = predictions(), None
     if spec.stop_at is not None:

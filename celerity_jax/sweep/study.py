@@ -6,7 +6,9 @@ a worker whose spec differs (another sweep, or the same study name given to two 
 worker takes waiting trials one at a time, atomically through the storage, until none is left. A trial trains its
 setting's references and its target to each of the spec's fractions, reports the predictor's final loss there
 (pruner.report) and is pruned by the CollapsePruner, from --stop-at on, once it cannot
-beat the best finished setting; else it trains to the end and its value is the true final loss.
+beat the best finished setting; else it trains to the end and its value is the true final loss. With "auto" a
+trial predicts by the method its own references choose (the other settings' may not be trained yet); the summary
+ranks every setting by one method, as the sequential sweep does.
 
 While a trial runs, its worker records a heartbeat in it every HEARTBEAT_S seconds. A running trial whose
 heartbeat is older than STALE_S (its worker was killed) is failed and enqueued again by the next worker that looks,
@@ -189,7 +191,8 @@ def write_summary(spec: SweepSpec, setting_runs: list, study: optuna.Study, log=
         return None
     last = {t.params[SETTING_PARAM]: t.state for t in study.get_trials(deepcopy=False) if t.params}
     ref_paths = {sr.setting.name: runner.reference_paths(sr, spec.force) for sr in setting_runs}
-    predicted = {sr.setting.name: runner.setting_predictions(sr, ref_paths[sr.setting.name], spec)
+    choices = runner.sweep_choices(setting_runs, ref_paths, spec)
+    predicted = {sr.setting.name: runner.setting_predictions(sr, ref_paths[sr.setting.name], spec, choices)
                  for sr in setting_runs}
     runs = [*{r.name: r for sr in setting_runs for r in sr.references}.values(), *(sr.target for sr in setting_runs)]
     done = {r.name: r.steps_done() for r in runs}

@@ -3,8 +3,11 @@
 A section is one grid of settings swept once per seed (each seed its own workdir, same settings):
 
     python experiments/early_stop_sweep/report.py --out experiments/early_stop_sweep \
-        --section 'main grid' runs/early_stop_sweep/main_seed0 runs/early_stop_sweep/main_seed1 \
-        --section 'first grid' runs/early_stop_sweep/first_seed0
+        --section 'τ 0.2–3.2' runs/early_stop_sweep/regime_seed0 runs/early_stop_sweep/regime_seed1
+
+At every stop fraction it sets three decisions side by side: the predicted best (the sweep's prediction, by the
+method its references chose), the current best (the lowest loss so far: no prediction) and the oracle (every
+setting trained to the end: no regret, no compute saved), and checks the goals of a sweep that stops early.
 """
 
 import argparse
@@ -18,8 +21,14 @@ import numpy as np
 from celerity_jax import markdown
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
-METHODS = {"family": "family-aware (d48 and d64 extrapolated in log N to d80)",
-           "nearest": "nearest single reference (d64)"}
+METHODS = {"auto": "the sweep's choice (`--method auto`: per fraction, the method that predicts the references' "
+                   "own sizes best)",
+           "family": "family-aware (the reference sizes extrapolated in log N to the target's N)",
+           "nearest": "nearest single reference (the largest reference size)"}
+CURRENT_BEST = "current_best"
+GOAL_MAE_AT = 0.3       # the predicted final losses' mean absolute error at this fraction...
+GOAL_MAE = 0.01         # ...at most this
+GOAL_REGRET_UPTO = 0.3  # predicted-best regret at most current-best regret at every fraction up to this
 
 
 def load_sweep(workdir: str) -> dict:
@@ -52,6 +61,16 @@ def analyse(workdirs: list[str]) -> dict:
         rows = []
         for row in sw["per_fraction"]:
             out = {"fraction": row["fraction"]}
+            current = row[CURRENT_BEST]
+            out[CURRENT_BEST] = {"chosen": current["chosen"][0], "ranking": current["ranking"],
+                                 "regret": current["regret"],
+                                 "regret_vs_seed_mean": float(mean_K[names.index(current["chosen"][0])] - best_mean),
+                                 "kendall_tau": current["kendall_tau"],
+                                 "target_compute_fraction": current["target_compute_fraction"],
+                                 "total_compute_fraction": current["total_compute_fraction"],
+                                 "wall_fraction": wall_fraction(sw, row, CURRENT_BEST)}
+            out["auto_methods"] = sorted({s["method_choice"][str(row["fraction"])]["method"]
+                                          for s in sw["settings"]})
             for method in METHODS:
                 e = row[method]
                 chosen = e["chosen"][0]
@@ -66,7 +85,9 @@ def analyse(workdirs: list[str]) -> dict:
         seeds.append({"workdir": workdir, "true_ranking": sw["true_ranking"], "per_fraction": rows,
                       "target_seconds": sum(s["seconds"] for s in sw["settings"]),
                       "reference_seconds": sw["reference_seconds"]})
-    section = {"settings": [{"name": s["name"], "tau": s["tau"], "weight_decay": s["weight_decay"],
+    section = {"target": os.path.splitext(os.path.basename(sweeps[0]["model"]))[0],
+               "reference_models": sweeps[0]["reference_models"],
+               "settings": [{"name": s["name"], "tau": s["tau"], "weight_decay": s["weight_decay"],
                              "steps": s["steps"], "batch_seqs": s["batch_seqs"],
                              "final_loss_per_seed": finals_SxK[:, k].tolist(), "final_loss_mean": float(mean_K[k])}
                             for k, s in enumerate(sweeps[0]["settings"])],
@@ -83,7 +104,29 @@ def analyse(workdirs: list[str]) -> dict:
                                  "paired_noise": float(np.std(diff_K, ddof=1)),
                                  "max_abs_seed_difference": float(np.max(np.abs(diff_K))),
                                  "gaps_between_adjacent_settings": gaps.tolist()}
+    section["goals"] = goals(section)
     return section
+
+
+def goals(sec: dict) -> dict:
+    """The early-stopped sweep's goals, each as measured: met or missed (None where it cannot be judged)."""
+    rows = [(i, row) for i, seed in enumerate(sec["seeds"]) for row in seed["per_fraction"]]
+    at = [(i, row) for i, row in rows if abs(row["fraction"] - GOAL_MAE_AT) < 1e-9]
+    mae = [row["auto"]["mean_abs_error"] for _, row in at]
+    early = [(i, row) for i, row in rows if row["fraction"] <= GOAL_REGRET_UPTO + 1e-9]
+    worse = [{"seed": i, "fraction": row["fraction"], "predicted_best": row["auto"]["regret"],
+              "current_best": row[CURRENT_BEST]["regret"]}
+             for i, row in early if row["auto"]["regret"] > row[CURRENT_BEST]["regret"]]
+    out = {"mae_at": GOAL_MAE_AT, "mae_goal": GOAL_MAE, "mae": mae, "mae_met": bool(mae) and max(mae) <= GOAL_MAE,
+           "regret_upto": GOAL_REGRET_UPTO, "regret_worse_than_current_best": worse,
+           "regret_met": bool(early) and not worse, "winner_at": GOAL_MAE_AT, "winner_met": None}
+    if "seed_noise" in sec:
+        # The true winner within seed noise: a seed-mean final loss within 2 paired-noise deviations of the best.
+        tolerance = 2 * sec["seed_noise"]["paired_noise"]
+        picked = [row["auto"]["regret_vs_seed_mean"] for _, row in at]
+        out.update(winner_tolerance=tolerance, winner_regret_vs_seed_mean=picked,
+                   winner_met=bool(picked) and max(picked) <= tolerance)
+    return out
 
 
 def render_section(title: str, sec: dict) -> list[str]:
@@ -92,9 +135,9 @@ def render_section(title: str, sec: dict) -> list[str]:
              f"Early-align over t̂ in [{sec['align_start']:g}·f, f].", ""]
     best = min(s["final_loss_mean"] for s in sec["settings"])
     lines += markdown.table(
-        ["setting", "τ", "λ (d80)", "final loss seed 0", *(f"seed {i}" for i in range(1, n_seeds)), "mean",
-         "− best mean"],
-        ([s["name"], f"{s['tau']:.3g}", f"{s['weight_decay']:.3g}", *(f"{x:.4f}" for x in s["final_loss_per_seed"]),
+        ["setting", "τ", "batch (seqs)", f"λ ({sec['target']})", "final loss seed 0", *(f"seed {i}" for i in range(1, n_seeds)),
+         "mean", "− best mean"],
+        ([s["name"], f"{s['tau']:.3g}", s["batch_seqs"], f"{s['weight_decay']:.3g}", *(f"{x:.4f}" for x in s["final_loss_per_seed"]),
           f"{s['final_loss_mean']:.4f}", f"{s['final_loss_mean'] - best:+.4f}"] for s in sec["settings"]))
     lines.append("")
     for i, seed in enumerate(sec["seeds"]):
@@ -111,6 +154,35 @@ def render_section(title: str, sec: dict) -> list[str]:
                   + ", ".join(f"{g:.4f}" for g in noise["gaps_between_adjacent_settings"])
                   + f"; gaps below 2 × {noise['paired_noise']:.4f} are within seed noise."]
     lines.append("")
+    lines += ["### Decisions at each stop fraction", "",
+              "Predicted best: the lowest final loss predicted by the sweep's choice of method (in brackets). "
+              "Current best: the lowest smoothed training loss so far. Oracle: every setting trained to the end. "
+              "Regret against the best final loss of the same seed; compute saved: the share of the target "
+              "training of all settings to the end not spent when every setting stops at the fraction and one "
+              "trains on (with the reference runs the sweep trained counted in both, in brackets).", ""]
+    lines += markdown.table(
+        ["seed", "fraction", "predicted best", "regret", "current best", "regret", "oracle", "regret",
+         "compute saved"],
+        ([i, f"{row['fraction']:g}", f"{row['auto']['chosen']} ({', '.join(row['auto_methods'])})",
+          f"{row['auto']['regret']:.4f}", row[CURRENT_BEST]["chosen"], f"{row[CURRENT_BEST]['regret']:.4f}",
+          seed["true_ranking"][0], "0", f"{100 * (1 - row['auto']['target_compute_fraction']):.0f}% "
+          f"({100 * (1 - row['auto']['total_compute_fraction']):.0f}%)"]
+         for i, seed in enumerate(sec["seeds"]) for row in seed["per_fraction"]))
+    g = sec["goals"]
+    met = {True: "met", False: "missed", None: "not judged (one seed)"}
+    lines += ["", "Goals, as measured:", "",
+              f"- mean absolute error of the predicted final losses at t̂ = {g['mae_at']:g} ≤ "
+              f"{100 * g['mae_goal']:g}%: **{met[g['mae_met']]}** ("
+              + ", ".join(f"seed {i}: {100 * m:.2f}%" for i, m in enumerate(g["mae"])) + ");",
+              f"- predicted-best regret ≤ current-best regret at every fraction ≤ {g['regret_upto']:g}: "
+              f"**{met[g['regret_met']]}**"
+              + ("" if not g["regret_worse_than_current_best"] else " (worse at " + ", ".join(
+                  f"seed {w['seed']} @{w['fraction']:g}: {w['predicted_best']:.4f} > {w['current_best']:.4f}"
+                  for w in g["regret_worse_than_current_best"]) + ")") + ";",
+              f"- the true winner, within seed noise, picked at t̂ = {g['winner_at']:g}: **{met[g['winner_met']]}**"
+              + ("" if g["winner_met"] is None else " (seed-mean regret of the pick: " + ", ".join(
+                  f"{r:.4f}" for r in g["winner_regret_vs_seed_mean"])
+                 + f"; tolerance 2 × paired noise = {g['winner_tolerance']:.4f})") + ".", ""]
     for method, label in METHODS.items():
         lines += [f"### Predictions: {label}", ""]
         lines += markdown.table(
@@ -144,14 +216,14 @@ def main() -> None:
         if not workdirs:
             raise SystemExit(f"--section {title!r}: give its sweep workdirs after the title")
         sections[title] = analyse(workdirs)
-    lines = ["# Early-stopped τ sweep of tiny-d80: measured results", "",
+    lines = ["# Early-stopped sweeps of tiny models in the short-run regime: measured results", "",
              f"Written by `experiments/early_stop_sweep/report.py` on {time.strftime('%Y-%m-%d %H:%M')} "
              f"({platform.machine()}, {os.cpu_count()} CPU cores) from the sweeps' `sweep.json`. Regret: true final "
              "loss of the predicted winner minus the best true final loss (of the same seed, or of the seed "
              "means). Target FLOPs: training every setting to the fraction and only the predicted winner to the "
-             "end, as a share of training every setting to the end; \"with references\" adds the d48 and d64 "
-             "reference runs of every setting to both; target wall time: the same share of the targets' "
-             "measured seconds. Separation: gap between the first two predictions over their combined 1σ "
+             "end, as a share of training every setting to the end; \"with references\" adds the reference runs "
+             "the sweep trained (not references it was given) to both; target wall time: the same share of the "
+             "targets' measured seconds. Separation: gap between the first two predictions over their combined 1σ "
              "(residual noise only).", ""]
     for title, sec in sections.items():
         lines += render_section(title, sec)

@@ -1,10 +1,13 @@
 """Fits the surrogate of the normalized curve (docs/science.md §5) to a grid of tiny runs: our Table 11.
 
-    python experiments/surrogate/run.py [--loss-curve eval|train] [--seed N] [--loss-curve train --write-default]
+    python experiments/surrogate/run.py [--grid regime|short_run] [--loss-curve eval|train] [--seed N]
+        [--loss-curve train --write-default]
 
-1. Trains every size × τ × TPP of the grid (experiments/tiny/<size>.gin + grid.gin; τ pinned, weight
-   decay derived, B = 1.5·sqrt(D)) into --workdir. Finished runs are skipped, interrupted ones resume;
-   each run's training time is in its run directory (timing.json).
+1. Trains every size × τ × TPP of the grid into --workdir: experiments/tiny/<size>.gin + the grid's gin, τ
+   pinned and weight decay derived. The default grid, `regime` (grid.gin), trains every run in the short-run
+   regime at one batch of 8 sequences; `short_run` (grid_short_run.gin, B = 1.5·sqrt(D)) is the first grid,
+   whose runs are shorter than the regime, kept to reproduce results/short_run/. Finished runs are skipped,
+   interrupted ones resume; each run's training time is in its run directory (timing.json).
 2. Fits (b_c, b_e, q_c, q_e) on all runs and reports the MAE of every run over t̂ in [0.2, 1].
 3. Held out: refits on the smallest size only (the paper's Table 11: fitted at 111M, applied to the
    larger sizes), without one size, and without one (τ, TPP) setting (a recipe no run of any size
@@ -38,11 +41,24 @@ FIT_RANGE = (0.2, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
+class Grid:
+    gin: str       # beside this file
+    tpps: str      # the default --tpps
+    workdir: str   # the default --workdir, under runs/
+    out: str       # the default --out, under results/ (train curves: its train/)
+
+
+GRIDS = {"regime": Grid("grid.gin", "6,10,16", "surrogate_regime", ""),
+         "short_run": Grid("grid_short_run.gin", "2,4,8", "surrogate", "short_run")}
+
+
+@dataclasses.dataclass(frozen=True)
 class GridRun:
     size: str
     tau: float
     tpp: float
     seed: int = 0
+    grid_gin: str = GRIDS["regime"].gin
 
     @property
     def name(self) -> str:
@@ -53,7 +69,7 @@ class GridRun:
         return self.tau, self.tpp
 
     def gin(self) -> tuple[list[str], list[str]]:
-        files = [os.path.join(REPO, "experiments", "tiny", f"{self.size}.gin"), os.path.join(HERE, "grid.gin")]
+        files = [os.path.join(REPO, "experiments", "tiny", f"{self.size}.gin"), os.path.join(HERE, self.grid_gin)]
         return files, [f"RecipeConfig.tpp = {self.tpp!r}", f"RecipeConfig.tau = {self.tau!r}",
                        f"TrainConfig.seed = {self.seed}"]
 
@@ -64,13 +80,18 @@ def floats(text: str) -> list[float]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", default=os.path.join(REPO, "runs", "surrogate"), help="run directories")
+    p.add_argument("--grid", choices=tuple(GRIDS), default="regime",
+                   help="regime: every run in the short-run regime (grid.gin); short_run: the first grid "
+                        "(grid_short_run.gin)")
+    p.add_argument("--workdir", default=None,
+                   help="run directories (default: runs/surrogate_regime, or runs/surrogate for the short_run grid)")
     p.add_argument("--out", default=None,
-                   help="results.md, results.json, fit.png (default: results/, or results/train/ for train curves)")
+                   help="results.md, results.json, fit.png (default: results/, or results/short_run/ for the "
+                        "short_run grid; train/ below it for train curves)")
     p.add_argument("--sizes", default="d48,d64,d80", help="experiments/tiny/<size>.gin names")
     p.add_argument("--seed", type=int, default=0, help="TrainConfig.seed of every run (seed_floor.py: a second seed)")
     p.add_argument("--taus", default="0.1,0.3,1.0")
-    p.add_argument("--tpps", default="2,4,8")
+    p.add_argument("--tpps", default=None, help="default: 6,10,16 (regime grid), 2,4,8 (short_run grid)")
     p.add_argument("--loss-curve", choices=tuple(LOSS_CSV), default="eval",
                    help="fit the held-out eval curve (eval.csv) or the training-loss curve of each run")
     p.add_argument("--bins", type=int, default=None,
@@ -88,12 +109,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     default_bins, default_smooth = (50, 1) if args.loss_curve == "eval" else (100, 5)
     args.bins = args.bins or default_bins
     args.smooth_bins = args.smooth_bins or default_smooth
-    args.out = args.out or os.path.join(HERE, "results", *(["train"] if args.loss_curve == "train" else []))
+    grid = GRIDS[args.grid]
+    args.grid_gin = grid.gin
+    args.tpps = args.tpps or grid.tpps
+    args.workdir = args.workdir or os.path.join(REPO, "runs", grid.workdir)
+    args.out = args.out or os.path.join(HERE, "results", *([grid.out] if grid.out else []),
+                                        *(["train"] if args.loss_curve == "train" else []))
     return args
 
 
 def grid_runs(args: argparse.Namespace) -> list[GridRun]:
-    return [GridRun(size, tau, tpp, args.seed) for size in args.sizes.split(",") if size
+    return [GridRun(size, tau, tpp, args.seed, args.grid_gin) for size in args.sizes.split(",") if size
             for tau in floats(args.taus) for tpp in floats(args.tpps)]
 
 
@@ -316,11 +342,11 @@ def main(argv=None) -> int:
         "command": "python experiments/surrogate/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(), "commit": git_commit(),
-        "gin_files": ["experiments/tiny/<size>.gin", "experiments/surrogate/grid.gin"],
+        "gin_files": ["experiments/tiny/<size>.gin", f"experiments/surrogate/{args.grid_gin}"],
         "note": "fitted to tiny CPU runs (1e5-3e5 parameters, byte tokens); LLM-scale curves may differ"}
     result = {
         "format": "celerity-surrogate-experiment/1",
-        "grid": {"sizes": sizes, "taus": floats(args.taus), "tpps": floats(args.tpps)},
+        "grid": {"name": args.grid, "sizes": sizes, "taus": floats(args.taus), "tpps": floats(args.tpps)},
         "loss_curve": args.loss_curve, "bins": args.bins, "smooth_bins": args.smooth_bins,
         "fit_range": list(FIT_RANGE),
         "constants": dataclasses.asdict(fit.constants), "mae": fit.mae,

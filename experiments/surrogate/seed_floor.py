@@ -2,8 +2,8 @@
 
     python experiments/surrogate/seed_floor.py [--sizes d64] [--seed 1] [run.py's curve options]
 
-Trains the grid of --sizes again with TrainConfig.seed = --seed (as run.py trains, into
-runs/surrogate_seed<seed>/), then, per (τ, TPP) and over t̂ ∈ [0.2, 1] of the normalized curves:
+Trains the grid of --sizes again with TrainConfig.seed = --seed (as run.py trains, into run.py's workdir with
+`_seed<seed>` appended), then, per (τ, TPP) and over t̂ ∈ [0.2, 1] of the normalized curves:
 - seeds: the MAE between the two seeds' curves. If the seeds scatter independently around a mean curve, a
   predictor that knew that mean exactly would still be off by about this / sqrt(2) on one seed: the floor of
   any surrogate scored on single-seed runs, as run.py scores it;
@@ -21,7 +21,7 @@ import numpy as np
 
 from celerity_jax.collapse import files, surrogate
 from celerity_jax.fileio import write_json_atomic
-from run import FIT_RANGE, REPO, grid_runs, parse_args, train_grid  # run.py beside this file
+from run import FIT_RANGE, grid_runs, parse_args, train_grid  # run.py beside this file
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
     known, rest = own.parse_known_args(sys.argv[1:])
     args = parse_args(["--sizes", known.sizes, *rest])  # the first seed's grid, curve and bins options
     seed_args = parse_args(["--sizes", known.sizes, "--seed", str(known.seed),
-                            "--workdir", os.path.join(REPO, "runs", f"surrogate_seed{known.seed}"), *rest])
+                            "--workdir", f"{args.workdir}_seed{known.seed}", *rest])
     if known.seed == 0:
         own.error("--seed must differ from run.py's seed 0")
     train_grid(grid_runs(seed_args), seed_args.workdir, seed_args.force_new)

@@ -72,7 +72,11 @@ def test_full_sweep_predicts_the_true_ranking_with_no_regret(tmp_path, fake_trai
     markdown = (workdir / "sweep.md").read_text()
     assert "True ranking (smoothed final training loss): tau_0.3 <" in markdown
     assert "| auto (nearest) |" in markdown and " (nearest) |" in markdown
-    assert "- tau_0.1 @0.1: nearest: with 2 sizes leave-one-size-out can score no other method" in markdown
+    assert "- @0.1, every setting: nearest: with 2 sizes leave-one-size-out can score no other method" in markdown
+    differing = json.loads(json.dumps(summary))  # choices that differ by setting are listed per setting
+    differing["settings"][0]["method_choice"]["0.1"]["reason"] = "family: as asked"
+    lines = report.render_markdown(differing).splitlines()
+    assert "- @0.1, tau_0.1: family: as asked" in lines and sum(x.startswith("- @0.1, ") for x in lines) == 3
     assert (workdir / "tau_0.1" / "d48.reference.json").exists() and (workdir / "tau_0.1" / "d80" / "curve.csv").exists()
     # Training times are each run's own (timing.json in its run directory).
     labels = [f"tau_{v}/{size}" for v in TAUS for size in ("d48", "d64")] + [f"tau_{v}/d80" for v in TAUS]

@@ -214,9 +214,13 @@ def render_markdown(summary: dict) -> str:
     if summary["stopped"]:
         lines.append(f"Stopped at t̂ = {summary['stop_at']:g} (checkpoint kept; rerun with a larger --keep or "
                      f"without --stop-at to finish): {', '.join(summary['stopped'])}.")
-    lines += ["", "Prediction method of each setting at each fraction, and why:", ""]
-    lines += [f"- {s['name']} @{f}: {choice['reason']}" for s in settings
-              for f, choice in s["method_choice"].items()]
+    lines += ["", "Prediction method at each fraction, and why:", ""]
+    for f in settings[0]["method_choice"] if settings else ():
+        reasons = {s["name"]: s["method_choice"][f]["reason"] for s in settings}
+        if len(set(reasons.values())) == 1:  # one choice for every setting (--method auto, or a named method)
+            lines.append(f"- @{f}, every setting: {reasons[settings[0]['name']]}")
+        else:
+            lines += [f"- @{f}, {name}: {reason}" for name, reason in reasons.items()]
     notes = sorted({n for s in settings for n in s["notes"]})
     lines += [""] + [f"Note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

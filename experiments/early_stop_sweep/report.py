@@ -6,8 +6,9 @@ A section is one grid of settings swept once per seed (each seed its own workdir
         --section 'τ 0.2–3.2' runs/early_stop_sweep/regime_seed0 runs/early_stop_sweep/regime_seed1
 
 At every stop fraction it sets three decisions side by side: the predicted best (the sweep's prediction, by the
-method its references chose), the current best (the lowest loss so far: no prediction) and the oracle (every
-setting trained to the end: no regret, no compute saved), and checks the goals of a sweep that stops early.
+method chosen on all the settings' references), the current best (the lowest loss so far: no prediction) and the
+oracle (every setting trained to the end: no regret, no compute saved), and checks the goals of a sweep that
+stops early.
 """
 
 import argparse
@@ -20,12 +21,13 @@ import numpy as np
 
 from celerity_jax import markdown
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
+from celerity_jax.sweep.report import CURRENT_BEST
 
-METHODS = {"auto": "the sweep's choice (`--method auto`: per fraction, the method that predicts the references' "
-                   "own sizes best)",
+METHODS = {"auto": "the sweep's choice (`--method auto`: per fraction, the one method that predicts the reference "
+                   "sizes of every setting best)",
            "family": "family-aware (the reference sizes extrapolated in log N to the target's N)",
            "nearest": "nearest single reference (the largest reference size)"}
-CURRENT_BEST = "current_best"
+PREDICTION_KEYS = ("mean_abs_error", "errors", "separation_sigma")
 GOAL_MAE_AT = 0.3       # the predicted final losses' mean absolute error at this fraction...
 GOAL_MAE = 0.01         # ...at most this
 GOAL_REGRET_UPTO = 0.3  # predicted-best regret at most current-best regret at every fraction up to this
@@ -61,26 +63,18 @@ def analyse(workdirs: list[str]) -> dict:
         rows = []
         for row in sw["per_fraction"]:
             out = {"fraction": row["fraction"]}
-            current = row[CURRENT_BEST]
-            out[CURRENT_BEST] = {"chosen": current["chosen"][0], "ranking": current["ranking"],
-                                 "regret": current["regret"],
-                                 "regret_vs_seed_mean": float(mean_K[names.index(current["chosen"][0])] - best_mean),
-                                 "kendall_tau": current["kendall_tau"],
-                                 "target_compute_fraction": current["target_compute_fraction"],
-                                 "total_compute_fraction": current["total_compute_fraction"],
-                                 "wall_fraction": wall_fraction(sw, row, CURRENT_BEST)}
             out["auto_methods"] = sorted({s["method_choice"][str(row["fraction"])]["method"]
                                           for s in sw["settings"]})
-            for method in METHODS:
-                e = row[method]
+            for decision in (*METHODS, CURRENT_BEST):
+                e = row[decision]
                 chosen = e["chosen"][0]
-                out[method] = {"chosen": chosen, "ranking": e["ranking"], "regret": e["regret"],
-                               "regret_vs_seed_mean": float(mean_K[names.index(chosen)] - best_mean),
-                               "kendall_tau": e["kendall_tau"], "mean_abs_error": e["mean_abs_error"],
-                               "errors": e["errors"], "separation_sigma": e["separation_sigma"],
-                               "target_compute_fraction": e["target_compute_fraction"],
-                               "total_compute_fraction": e["total_compute_fraction"],
-                               "wall_fraction": wall_fraction(sw, row, method)}
+                out[decision] = {"chosen": chosen, "ranking": e["ranking"], "regret": e["regret"],
+                                 "regret_vs_seed_mean": float(mean_K[names.index(chosen)] - best_mean),
+                                 "kendall_tau": e["kendall_tau"],
+                                 "target_compute_fraction": e["target_compute_fraction"],
+                                 "total_compute_fraction": e["total_compute_fraction"],
+                                 "wall_fraction": wall_fraction(sw, row, decision),
+                                 **{k: e[k] for k in PREDICTION_KEYS if k in e}}  # the current best predicts none
             rows.append(out)
         seeds.append({"workdir": workdir, "true_ranking": sw["true_ranking"], "per_fraction": rows,
                       "target_seconds": sum(s["seconds"] for s in sw["settings"]),

@@ -34,7 +34,10 @@ GOAL_REGRET_UPTO = 0.3  # predicted-best regret at most current-best regret at e
 
 
 def load_sweep(workdir: str) -> dict:
-    with open(os.path.join(workdir, "sweep.json")) as f:
+    path = os.path.join(workdir, "sweep.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{workdir}: no sweep.json; run the sweep there first (run.sh has the commands)")
+    with open(path) as f:
         summary = json.load(f)
     if summary["true_ranking"] is None:
         raise SystemExit(f"{workdir}: the sweep has unfinished settings; run it without --stop-at")

@@ -19,6 +19,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from celerity_jax.collapse import files, surrogate
+from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic
 from run import FIT_RANGE, grid_runs, parse_args  # run.py beside this file: its grid and options
 
@@ -93,7 +94,11 @@ def score(grid: Grid, form) -> dict:
 
 def main() -> int:
     args = parse_args(sys.argv[1:])
-    grid = Grid(args)
+    try:
+        grid = Grid(args)
+    except ConfigError as e:
+        raise SystemExit(f"forms.py: {e}; train the grid first: python experiments/surrogate/run.py with the same "
+                         "--grid, --sizes, --taus and --tpps")
     rows = {}
     print(f"{args.loss_curve}-loss curves of {len(grid.size_C)} runs; MAE over t̂ in {list(FIT_RANGE)}")
     print(f"{'form':22s} {'in-sample':>10s} {'size held out':>14s} {'(τ, TPP) held out':>18s}")

@@ -78,8 +78,8 @@ def too_big() -> list[str]:
 def report_keys() -> set[str]:
     """Keys every compile report holds."""
     return {"hbm_bytes_per_chip", "bytes_per_chip", "fits", "headroom", "mesh_shape", "microbatches", "remat",
-            "scan_layers", "compute_dtype", "attention_impl", "unsplit", "est_step_seconds", "est_tokens_per_sec",
-            "est_mfu", "est_days", "est_chip_hours", "compile_seconds"}
+            "scan_layers", "compute_dtype", "residual_dtype", "attention_impl", "unsplit", "est_step_seconds",
+            "est_tokens_per_sec", "est_mfu", "est_days", "est_chip_hours", "compile_seconds"}
 
 
 @pytest.fixture(scope="session")

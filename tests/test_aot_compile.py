@@ -42,6 +42,8 @@ def test_a_step_that_cannot_fit_is_reported_not_raised(tiny_configs, tpu_slice, 
 
 def test_estimate_always_estimates_a_step_that_does_not_fit_and_calibrates_it(tiny_configs, tpu_slice, monkeypatch):
     monkeypatch.setattr(accelerators, "usable_bytes", lambda chip: 1)  # nothing fits
+    points = [{"chip": "v5e", "ratio": 0.9, "est_mfu": 0.5}, {"chip": "v5e", "ratio": 1.0, "est_mfu": 0.6}]
+    monkeypatch.setattr(calibration, "load", lambda: {"points": points, "fit": calibration.fit(points)})
     setting = Setting((1, 4, 1), 2, "none", False)
     assert compile_report(tiny_configs(), tpu_slice, setting)["est_step_seconds"] is None
     report = compile_report(tiny_configs(), tpu_slice, setting, estimates="always")

@@ -6,7 +6,8 @@ from celerity_jax.aot.report import check_writable, format_report, nothing_fits
 from celerity_jax.errors import ConfigError
 
 REPORT = {"mesh_shape": [1, 4, 1], "microbatches": 11, "remat": "none", "scan_layers": True,
-          "compute_dtype": "bfloat16", "attention_impl": "flash", "dense_backward": "plain", "logits_chunk_len": 128,
+          "compute_dtype": "bfloat16", "residual_dtype": "bfloat16", "attention_impl": "flash", "dense_backward": "plain",
+          "logits_chunk_len": 128,
           "seq_len": 8192, "unsplit": [], "batch_seqs": 176, "steps": 3755, "bytes_per_chip": 26.6e9,
           "usable_bytes_per_chip": 102e9, "fits": True, "headroom": 0.74, "compile_seconds": 29.4, "error": None,
           "model_flops_per_step": 1.0e16, "xla_flops_per_step": 0.72e16, "est_step_seconds": 2.126,
@@ -17,7 +18,7 @@ REPORT = {"mesh_shape": [1, 4, 1], "microbatches": 11, "remat": "none", "scan_la
 def test_a_report_that_fits_ends_with_its_gin_line():
     lines = format_report(REPORT).splitlines()
     assert lines[0] == ("setting   mesh (data, fsdp, tensor) (1, 4, 1), 11 microbatches, remat none, scan_layers True, "
-                        "bfloat16, attention flash, loss in chunks of 128 positions")
+                        "bfloat16 (residual bfloat16), attention flash, loss in chunks of 128 positions")
     assert lines[1] == "memory    26.6 GB per chip of 102.0 GB usable: fits, 74% headroom"
     assert lines[3].startswith("estimate* 2.126 s/step, 678,241 tokens/s, MFU 90.2%; the plan's 3,755 steps")
     assert lines[-1] == 'gin       --gin-param "TrainConfig.microbatches = 11"'

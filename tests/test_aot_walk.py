@@ -25,8 +25,8 @@ def _compiled(walk, index, fits: bool):
 def test_the_footprint_model_decides_where_it_is_sure(tiny_configs, tpu_slice):
     walk = _walk(tiny_configs("RecipeConfig.batch_seqs = 64"), tpu_slice)  # 16 per shard: sizes 1, 2, 4, 8, 16
     assert walk.sizes == [1, 2, 4, 8, 16]
-    # the tiny model fits whole by far: the largest microbatch, without remat and without a compile; dots and
-    # full could only win with a larger microbatch, and there is none
+    # the tiny model fits whole by far: the largest microbatch, without remat and without a compile; any remat
+    # could only win with a larger microbatch, and there is none
     assert walk.compile_index is None and not walk.remats
     assert [(r["microbatches"], r["remat"], r["by_model"]) for r in walk.settled] == [(1, "none", "fits")]
 
@@ -46,7 +46,11 @@ def test_a_size_the_model_is_unsure_of_is_compiled_and_the_walk_steps_down_and_o
     # dots can only win above 8 sequences per shard
     assert walk.remats[0] == "dots" and walk.compile_index == 4
     walk.record(4, _compiled(walk, 4, fits=False))
-    assert walk.remats[0] == "full" and walk.compile_index == 4  # nothing between: dots is done, full tries
+    # nothing between: each remat that does not fit there is done, the next tries
+    for remat in ("attention", "qkv"):
+        assert walk.remats[0] == remat and walk.compile_index == 4
+        walk.record(4, _compiled(walk, 4, fits=False))
+    assert walk.remats[0] == "full" and walk.compile_index == 4
     walk.record(4, _compiled(walk, 4, fits=True))
     assert [(r["microbatches"], r["remat"]) for r in walk.settled] == [(2, "none"), (1, "full")]
     assert walk.compile_index is None

@@ -212,3 +212,33 @@ def test_unstacked_layers_compute_what_the_scanned_ones_do():
     np.testing.assert_allclose(transformer.apply(cfg, unstacked, tokens), transformer.apply(scanned, params, tokens),
                                rtol=1e-5, atol=1e-5)
     assert transformer.unstack_layers(cfg, unstacked) == (cfg, unstacked)
+
+
+@pytest.mark.parametrize("remat,attention", [("dots", "blocked"), ("attention", "blocked"), ("qkv", "blocked"),
+                                             ("full", "blocked"), ("attention", "flash")])
+def test_every_remat_policy_computes_the_same_loss_and_gradients(remat, attention):
+    cfg = _cfg(attention_impl=attention)
+    params = transformer.init_params(cfg, jax.random.key(0))
+    tokens, targets = _tokens(cfg), _tokens(cfg, seed=2)
+    grad_fn = lambda c: jax.jit(jax.value_and_grad(  # noqa: E731
+        lambda p: cross_entropy(transformer.apply(c, p, tokens), targets)[0]))
+    (loss_a, grads_a), (loss_b, grads_b) = grad_fn(cfg)(params), grad_fn(_cfg(attention_impl=attention, remat=remat))(params)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_the_residual_stream_runs_in_its_dtype():
+    float32, bfloat16 = _cfg(residual_dtype="float32"), _cfg(residual_dtype="bfloat16")
+    assert _cfg().residual == "float32"  # "auto" on CPU
+    params = transformer.init_params(float32, jax.random.key(0))
+    tokens = _tokens(float32)
+    forward = lambda cfg: jax.make_jaxpr(  # noqa: E731
+        lambda p: transformer.Transformer(cfg).apply({"params": p}, tokens))(params)
+    sums = lambda cfg: [e for e in forward(cfg).eqns  # noqa: E731  (the residual additions, B x L x D)
+                        if e.primitive.name == "add" and e.outvars[0].aval.shape == (2, 8, 32)]
+    assert sums(bfloat16) and {e.outvars[0].aval.dtype for e in sums(bfloat16)} == {jnp.dtype("bfloat16")}
+    assert {e.outvars[0].aval.dtype for e in sums(float32)} == {jnp.dtype("float32")}
+    a, b = (transformer.apply(cfg, params, tokens) for cfg in (float32, bfloat16))
+    assert not np.array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0.05, atol=0.05)

@@ -40,3 +40,9 @@ def test_train_refuses_before_writing_anything(tmp_path, monkeypatch, tiny_run):
     with pytest.raises(ConfigError, match="does not fit"):
         loop.train(tiny_run(), str(tmp_path / "run"), log=lambda _: None)
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_the_fix_names_the_next_remat_that_keeps_less():
+    assert "remat = 'attention'" in memory.fix_hint(1, 8, 8, "dots")
+    assert "remat = 'full'" in memory.fix_hint(1, 8, 8, "qkv")
+    assert "remat" not in memory.fix_hint(1, 8, 8, "full")

@@ -18,6 +18,7 @@ import os
 from celerity_jax.errors import ConfigError
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tpu_calibration.json")
+MIN_POINTS = 2  # a fit's band is the spread of its runs, which one run does not have
 
 
 @functools.cache
@@ -33,8 +34,8 @@ def fit(points: list[dict]) -> dict:
     """One ratio per chip over `points` (each with "chip" and "ratio"): the geometric mean of the chip's ratios,
     the residuals of log r about it, and each point's leave-one-out error (from the other runs of its chip,
     where it has any)."""
-    if len(points) < 2:
-        raise ConfigError(f"a calibration fit needs at least 2 points, got {len(points)}")
+    if len(points) < MIN_POINTS:
+        raise ConfigError(f"a calibration fit needs at least {MIN_POINTS} points, got {len(points)}")
     logs: dict[str, list[float]] = {}
     for p in points:
         logs.setdefault(p["chip"], []).append(math.log(p["ratio"]))

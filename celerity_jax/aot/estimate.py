@@ -10,6 +10,12 @@ compiled for the same devices and mesh as the step:
   n chunks of a chunked loss is costed the same way: compiled with one and with two chunks per iteration (its
   body then counts twice), the step adds (n − 1) × the difference (halved for an odd n, whose leftover chunk
   also counts).
+XLA:TPU's SPMD partitioner turns a matmul whose operand is gathered over a mesh axis (an FSDP-split weight, a
+tensor-split activation) into a "windowed einsum": a while loop that overlaps the gather with the matmul piece by
+piece. The cost analysis counts one trip of that loop too, which undercounted the FLOPs and time of fsdp and
+tensor meshes by up to half. The pieces are therefore compiled with windowed einsum off (`COUNT_EVERY_FLOP`): every
+matmul is then a plain one, its gather a separate collective, and the pieces' FLOPs on any mesh equal those on an
+all-data mesh. docs/compile.md gives the measurements behind this.
 The Pallas attention kernels tell XLA their FLOPs, exponentials and bytes (`flash_attention._cost`), since XLA
 cannot look inside them.
 The costs are per chip: `flops`, `bytes accessed` and `optimal_seconds`, the last being the time XLA's cost
@@ -34,6 +40,19 @@ COST_KEYS = ("flops", "bytes accessed", "optimal_seconds")
 # libtpu versions where that was seen; elsewhere a time that comes out negative gives no estimate.
 UNMODELED_CALLS = ("ConcatBitcast",)
 UNMODELED_CALLS_LIBTPU = ("0.0.42",)
+
+# Compiler options of the cost pieces on TPU: no windowed-einsum loops (see above).
+COUNT_EVERY_FLOP = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+                    "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
+
+
+def compile_for_cost(lowered, mesh):
+    """The cost piece `lowered` compiled for `mesh`'s devices, with COUNT_EVERY_FLOP on a TPU."""
+    return lowered.compile(compiler_options=_cost_options(mesh))
+
+
+def _cost_options(mesh) -> dict:
+    return COUNT_EVERY_FLOP if mesh.devices.flat[0].platform == "tpu" else {}
 
 
 def costs(compiled) -> dict[str, float] | None:
@@ -66,7 +85,7 @@ def gradient_piece(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, 
     chunks per iteration of its loop."""
     cfg = dataclasses.replace(model_cfg, n_layers=n_layers, scan_layers=False)
     lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss, loss_unroll)
-    return cache("gradient", lowered, target, lambda: costs(lowered.compile()))
+    return cache("gradient", lowered, target, lambda: costs(compile_for_cost(lowered, mesh)), _cost_options(mesh))
 
 
 def gradient_cost(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, cache: Cache,
@@ -112,4 +131,4 @@ def update_cost(build: step_lib.StepBuild, plan, mesh, cache: Cache, target: str
                      in_shardings=(state_sh, state_sh.params, replicated), out_shardings=(state_sh, None))
     state, _ = build.abstract_inputs(plan.batch_seqs, plan.seq_len)
     lowered = update.lower(state, state.params, jax.ShapeDtypeStruct((), "float32", sharding=replicated))
-    return cache("update", lowered, target, lambda: costs(lowered.compile()))
+    return cache("update", lowered, target, lambda: costs(compile_for_cost(lowered, mesh)), _cost_options(mesh))

@@ -2,9 +2,10 @@
 
 The settings are the candidate meshes (all fsdp; all data; fsdp × tensor 2 and 4 where the heads split) ×
 microbatch sizes (sequences per data shard: the powers of two that divide the shard's batch, and all of it) ×
-remat (none, dots, full). Two assumptions order them: on one mesh, a larger microbatch is never slower (fewer
-passes over the weights), and more remat is never faster (more recompute). So for each mesh and remat only the
-largest microbatch that fits can win, and only when it is larger than the largest that fits with less remat.
+remat (`model.config.REMATS`, in order of recompute). Two assumptions order them: on one mesh, a larger
+microbatch is never slower (fewer passes over the weights), and more remat is never faster (more recompute). So
+for each mesh and remat only the largest microbatch that fits can win, and only when it is larger than the
+largest that fits with less remat.
 
 For each mesh, remat by remat, from the largest microbatch the footprint model (`aot.footprint`) says may fit:
 1. where the model is sure, it decides (`aot.walk`); elsewhere the step is compiled for its memory, and the

@@ -12,7 +12,10 @@ PARAMETRIZATIONS = ("completep", "mup", "standard")
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "blocked", "cudnn", "flash")
 DENSE_BACKWARDS = ("auto", "plain", "transposed")
-REMATS = ("none", "dots", "full")  # ever less memory, ever more recompute
+# What the backward pass keeps of a block's forward pass (the rest it recomputes), in order of recompute cost:
+# ever less memory, ever more recompute. `transformer.REMAT_POLICIES` says what each saves.
+REMATS = ("none", "dots", "attention", "qkv", "full")
+RESIDUAL_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,10 @@ class ModelConfig:
     logits_chunk_len: int | str = "auto"
     scan_layers: bool = False
     remat: str = "none"
+    # The residual stream between blocks, and so each block's input that remat saves. "auto": float32 on CPU, where
+    # the CompleteP checks run exact, bfloat16 on TPU and GPU, which halves those activations (docs/compile.md);
+    # what bfloat16 does to the curves: docs/science.md. Norms, softmax and logits run in float32 either way.
+    residual_dtype: str = "auto"
 
     def __post_init__(self):
         check_field_types(self)
@@ -73,6 +80,11 @@ class ModelConfig:
     def dtype(self) -> str:
         """The compute dtype, with "auto" resolved for the default JAX backend."""
         return _resolve(self, "compute_dtype")
+
+    @property
+    def residual(self) -> str:
+        """residual_dtype with "auto" resolved for the default JAX backend."""
+        return _resolve(self, "residual_dtype")
 
     @property
     def attention_kernel(self) -> str:
@@ -111,7 +123,7 @@ class ModelConfig:
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
                               ("parametrization", PARAMETRIZATIONS), ("compute_dtype", COMPUTE_DTYPES),
                               ("attention_impl", ATTENTION_IMPLS), ("dense_backward", DENSE_BACKWARDS),
-                              ("remat", REMATS)):
+                              ("remat", REMATS), ("residual_dtype", RESIDUAL_DTYPES)):
             value = getattr(self, name)
             if value not in allowed:
                 _fail(name, value, f"is not a known option; use one of {', '.join(allowed)}")
@@ -140,6 +152,7 @@ AUTO_CHOICES = {
     "compute_dtype": {"cpu": "float32", "tpu": "bfloat16", "gpu": "bfloat16"},
     "attention_impl": {"cpu": "blocked", "tpu": "flash", "gpu": "flash"},
     "dense_backward": {"cpu": "transposed", "tpu": "plain", "gpu": "plain"},
+    "residual_dtype": {"cpu": "float32", "tpu": "bfloat16", "gpu": "bfloat16"},
 }
 
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -64,6 +65,8 @@ def _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H):
     q, k, v = (_to_kernel_layout(cfg, x) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
     out, lse_BxHx1xL = _forward(cfg, q, k, v, slopes_H, q_BxLxHxK.shape)
     out_BxLxHxK = _from_kernel_layout(cfg, out, q_BxLxHxK.shape)
+    # named for the remat policies that keep the attention (`transformer.REMAT_POLICIES`)
+    out_BxLxHxK, lse_BxHx1xL = checkpoint_name(out_BxLxHxK, "context"), checkpoint_name(lse_BxHx1xL, "context_lse")
     return out_BxLxHxK, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H, out_BxLxHxK, lse_BxHx1xL)
 
 

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
@@ -79,6 +80,8 @@ def _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes):
 
 def _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes):
     out_BxLxHxK, lse_BxHxL = _forward(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes)
+    # named for the remat policies that keep the attention (`transformer.REMAT_POLICIES`)
+    out_BxLxHxK, lse_BxHxL = checkpoint_name(out_BxLxHxK, "context"), checkpoint_name(lse_BxHxL, "context_lse")
     return out_BxLxHxK, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes, out_BxLxHxK, lse_BxHxL)
 
 

@@ -1,4 +1,4 @@
-"""All sharding rules: the device mesh, and a PartitionSpec for the batch and for every parameter.
+"""All sharding rules: the device mesh, and a PartitionSpec for the batch, the residual stream and every parameter.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimizer state
 sharded), `tensor` (Megatron-style: column-parallel q/k/v/up/gate, row-parallel o/down).
@@ -36,6 +36,12 @@ PARAM_RULES = {
     "down": ("tensor", "fsdp"),         # F x D
 }
 VECTOR_LEAVES = ("scale", "bias")  # replicated
+
+# The residual stream (B x L x D) between and inside blocks, which remat saves at every block's input: the batch
+# over the batch axes, the sequence over tensor where it divides (sequence parallelism; split like this, a tensor
+# chip keeps a quarter of it at tensor 4, not all of it). docs/compile.md gives the measurement that chose the
+# sequence over D.
+RESIDUAL_RULE = (BATCH_AXES, "tensor", None)
 
 
 def make_mesh(mesh_shape: tuple[int, int, int], devices=None) -> Mesh:
@@ -102,6 +108,17 @@ def constrain_batch(x):
     if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
         return x
     return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *[None] * (x.ndim - 1)))
+
+
+def constrain_residual(x_BxLxD):
+    """The residual stream laid out by RESIDUAL_RULE under the mesh being traced (`jax.set_mesh`); unchanged
+    without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+        return constrain_batch(x_BxLxD)
+    spec = [axes if isinstance(axes, tuple) or _divides(axes, size, mesh) else None
+            for axes, size in zip(RESIDUAL_RULE, x_BxLxD.shape)]
+    return jax.lax.with_sharding_constraint(x_BxLxD, P(*spec))
 
 
 def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H):

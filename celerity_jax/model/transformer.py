@@ -1,8 +1,9 @@
 """Decoder-only transformer in Flax linen, used through `init_params` and `apply` on plain pytrees.
 
 Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers.
-Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" resolved); the residual
-stream, norms, softmax and logits stay float32. Initial std, LR and eps per parameter come from `completep`.
+Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" resolved), the residual stream in
+cfg.residual (residual_dtype resolved); norms, softmax and logits stay float32. Initial std, LR and eps per
+parameter come from `completep`.
 """
 
 import dataclasses
@@ -12,6 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import (attention, completep, flash_attention, flash_attention_gpu, loss, matmul, positions,
@@ -19,6 +21,20 @@ from celerity_jax.model import (attention, completep, flash_attention, flash_att
 from celerity_jax.model.config import ModelConfig
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
+
+# What each ModelConfig.remat but "none" keeps for the backward pass; a block recomputes the rest from its input.
+# The names are `checkpoint_name`s: q, k, v (after RoPE), the attention's output ("context", before the o
+# projection, with the flash kernels' logsumexp "context_lse", so that their backward pass does not rerun the
+# forward kernel) and the o projection's output ("attention_out"). MaxText's closest policies: "dots" is its
+# 'minimal', "attention" its 'save_dot_except_mlp' (which recomputes the attention itself), "qkv" its
+# 'save_qkv_proj', "full" its 'full'.
+REMAT_POLICIES = {
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # every projection; attention recomputed
+    "attention": jax.checkpoint_policies.save_only_these_names("q", "k", "v", "context", "context_lse",
+                                                                "attention_out"),  # the MLP recomputed
+    "qkv": jax.checkpoint_policies.save_only_these_names("q", "k", "v"),
+    "full": None,  # nothing but the block's input
+}
 
 
 class KVCache(NamedTuple):
@@ -75,6 +91,8 @@ class Attention(nn.Module):
         if cfg.positions == "rope":
             q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta, positions_BxL)
             k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta, positions_BxL)
+        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (checkpoint_name(t, name) for t, name in
+                                           ((q_BxLxHxK, "q"), (k_BxLxHxK, "k"), (v_BxLxHxK, "v")))
         slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
         o = _dense(cfg, d, "o")
         if cached is not None:
@@ -98,7 +116,8 @@ class Attention(nn.Module):
                     bias = bias.astype(q_BxLxHxK.dtype)
             out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
                                                        scale=scale, implementation=cfg.attention_kernel)
-        return o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim))
+        out_BxLxHxK = checkpoint_name(out_BxLxHxK, "context")
+        return checkpoint_name(o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim)), "attention_out")
 
 
 def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H):
@@ -154,13 +173,13 @@ class Block(nn.Module):
     def __call__(self, x_BxLxD, cached=None):
         cfg = self.cfg
         r = completep.forward_multipliers(cfg)["residual"]
-        x_BxLxD = sharding.constrain_batch(x_BxLxD)
+        x_BxLxD = sharding.constrain_residual(x_BxLxD)
         attn_BxLxD = Attention(cfg, name="attn")(Norm(cfg, name="attn_norm")(x_BxLxD), cached)
         if cached is not None:
             attn_BxLxD, kv = attn_BxLxD
-        x_BxLxD = x_BxLxD + r * attn_BxLxD.astype(jnp.float32)
+        x_BxLxD = sharding.constrain_residual(x_BxLxD + r * attn_BxLxD.astype(cfg.residual))
         mlp_BxLxD = Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD))
-        x_BxLxD = x_BxLxD + r * mlp_BxLxD.astype(jnp.float32)
+        x_BxLxD = sharding.constrain_residual(x_BxLxD + r * mlp_BxLxD.astype(cfg.residual))
         return (x_BxLxD, _rms(x_BxLxD)) if cached is None else (x_BxLxD, _rms(x_BxLxD), kv)
 
 
@@ -181,7 +200,7 @@ class Transformer(nn.Module):
             pos_LxD = self.param("pos_embed", _unit_normal, (cfg.max_seq_len, cfg.d_model))
             x_BxLxD = x_BxLxD + (pos_LxD[None, : tokens_BxL.shape[1]] if cache is None
                                  else jnp.take(pos_LxD, positions_BxL, axis=0))
-        x_BxLxD = sharding.constrain_batch(x_BxLxD * mult["input"])
+        x_BxLxD = sharding.constrain_residual((x_BxLxD * mult["input"]).astype(cfg.residual))
         stats = {"embed_rms": _rms(x_BxLxD)}
 
         block = Block
@@ -198,8 +217,7 @@ class Transformer(nn.Module):
             cache = KVCache(jnp.stack(k), jnp.stack(v))
         else:
             if cfg.remat != "none":
-                policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if cfg.remat == "dots" else None
-                block = nn.remat(Block, policy=policy, prevent_cse=not cfg.scan_layers)
+                block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
             if cfg.scan_layers:
                 scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                                   length=cfg.n_layers)

@@ -11,6 +11,7 @@ import jax
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import sharding
+from celerity_jax.model.config import REMATS
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 
@@ -55,8 +56,8 @@ def fix_hint(microbatches: int, batch_seqs: int, data_shards: int, remat: str) -
     if microbatches < most:
         hints.append(f"raise TrainConfig.microbatches (now {microbatches}; at most {most}, one sequence per "
                      "data shard)")
-    if remat != "full":
-        hints.append(f"set ModelConfig.remat = '{'dots' if remat == 'none' else 'full'}'")
+    if remat != REMATS[-1]:
+        hints.append(f"set ModelConfig.remat = '{REMATS[REMATS.index(remat) + 1]}' (keeps less for the backward pass)")
     hints.append("shard over more chips (TrainConfig.mesh_shape, a larger slice)")
     return "; ".join(hints) + ". `celerity compile --gin-file ... --topology SLICE --search` finds settings that fit"
 

@@ -175,7 +175,7 @@ class StepBuild:
         local_seqs = sharding.local_batch(plan.batch_seqs // self.microbatches, self.mesh)
         return {"mesh_shape": [self.mesh.shape[axis] for axis in sharding.MESH_AXES],
                 "microbatches": self.microbatches, "remat": cfg.remat, "scan_layers": cfg.scan_layers,
-                "compute_dtype": cfg.dtype, "attention_impl": cfg.attention_kernel,
+                "compute_dtype": cfg.dtype, "residual_dtype": cfg.residual, "attention_impl": cfg.attention_kernel,
                 "dense_backward": cfg.dense_backward_kernel,
                 "logits_chunk_len": loss.logits_chunk_len(cfg.logits_chunk_len, local_seqs, plan.seq_len,
                                                           cfg.vocab_size),
@@ -204,7 +204,8 @@ def setting_line(setting: dict) -> str:
     """A step's setting (`StepBuild.setting`, or a compile report holding it) in one line."""
     chunk = setting["logits_chunk_len"]
     return (f"mesh (data, fsdp, tensor) {tuple(setting['mesh_shape'])}, {setting['microbatches']} microbatches, "
-            f"remat {setting['remat']}, scan_layers {setting['scan_layers']}, {setting['compute_dtype']}, "
+            f"remat {setting['remat']}, scan_layers {setting['scan_layers']}, {setting['compute_dtype']} "
+            f"(residual {setting['residual_dtype']}), "
             f"attention {setting['attention_impl']}, "
             + (f"loss in chunks of {chunk} positions" if chunk < setting["seq_len"] else "whole logits")
             + sharding.unsplit_note(setting["unsplit"]))

@@ -102,10 +102,7 @@ def table(results: list[dict], args) -> str:
         "**Expected** columns: the estimate calibrated against published measurements of dense training on TPU "
         "(`celerity_jax/aot/calibration.py`; table, sources and fit in "
         "[experiments/tpu_calibration/CALIBRATION.md](../tpu_calibration/CALIBRATION.md), method in "
-        "[docs/accelerators.md](../../docs/accelerators.md)): " + _calibration_basis() + " The range in brackets "
-        "spans the largest residual of a run about its chip's ratio, not the uncertainty of carrying that ratio "
-        "from 32B–175B models at 2048 tokens to these sizes (docs/accelerators.md); † marks an est. MFU outside the calibrated range (extrapolated). These too "
-        "are expectations, not measurements of Celerity.",
+        "[docs/accelerators.md](../../docs/accelerators.md)): " + _calibration_basis(),
         "",
     ] + ([f"Only the {args.chip} slices were searched.", ""] if args.chip else [])
     rows = []
@@ -119,13 +116,15 @@ def table(results: list[dict], args) -> str:
             steps, step_seconds, chips = r["steps"][band], best["est_step_seconds"], best["chips"]
             hfu = best["est_mfu"] * best["xla_flops_per_step"] / best["model_flops_per_step"]
             cal = calibration.expected(best)
+            expected = ["—"] * 3 if cal is None else [
+                f"{cal['step_seconds']:.2f}",
+                f"{cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%})" + (" †" if cal["extrapolated"] else ""),
+                f"{steps * cal['step_seconds'] / 86400:.1f}"]
             rows.append([name, r["topology"], tuple(best["mesh_shape"]), best["microbatches"], best["remat"],
                          "yes" if best["scan_layers"] else "no", f"{best['bytes_per_chip'] / 1e9:.1f}",
                          f"{step_seconds:.2f}",
                          f"{best['est_mfu']:.0%}", f"{hfu:.0%}", f"{steps * step_seconds / 86400:.1f}",
-                         f"{chips * steps * step_seconds / 3600:,.0f}",
-                         f"{cal['step_seconds']:.2f}", f"{cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%})" + (" †" if cal["extrapolated"] else ""),
-                         f"{steps * cal['step_seconds'] / 86400:.1f}"])
+                         f"{chips * steps * step_seconds / 3600:,.0f}"] + expected)
     lines += markdown.table(["config", "slice", "mesh (data, fsdp, tensor)", "microbatches", "remat", "scan", "GB/chip",
                              "est. s/step", "est. MFU", "est. HFU", "est. days", "est. chip-hours", "expected s/step",
                              "expected MFU", "expected days"], rows)
@@ -149,9 +148,16 @@ def _search_row(result: dict) -> list:
 
 def _calibration_basis() -> str:
     f = calibration.load()["fit"]
-    ratios = ", ".join(f"{chip} {r:.2f} ({f['runs_by_chip'][chip]} run{'s' if f['runs_by_chip'][chip] > 1 else ''})" for chip, r in f["ratio_by_chip"].items())
+    if f is None:
+        return ("none yet (—): too few published runs of a model this project builds calibrate a chip "
+                "(CALIBRATION.md).")
+    ratios = ", ".join(f"{chip} {r:.2f} ({f['runs_by_chip'][chip]} run{'s' if f['runs_by_chip'][chip] > 1 else ''})"
+                       for chip, r in f["ratio_by_chip"].items())
     return (f"expected step time = estimate ÷ r, r = measured ÷ estimated tokens/s of the chip's published runs: "
-            f"{ratios}; those runs' est. MFU spans {f['est_mfu_range'][0]:.0%}–{f['est_mfu_range'][1]:.0%}.")
+            f"{ratios}; those runs' est. MFU spans {f['est_mfu_range'][0]:.0%}–{f['est_mfu_range'][1]:.0%}. The "
+            "range in brackets spans the largest residual of a run about its chip's ratio, not the uncertainty of "
+            "carrying that ratio to these sizes (docs/accelerators.md); † marks an est. MFU outside the calibrated "
+            "range (extrapolated). These too are expectations, not measurements of Celerity.")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,12 @@ def test_bfloat16_export_loads_close(tmp_path):
                for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(back)))
 
 
+def test_how_a_model_ran_does_not_stop_its_export():
+    cfg, _ = _model({})
+    for field, value in (("residual_dtype", "bfloat16"), ("remat", "attention"), ("compute_dtype", "bfloat16")):
+        assert layouts.architecture(dataclasses.replace(cfg, **{field: value})) == layouts.architecture(cfg)
+
+
 def test_an_option_the_export_does_not_know_is_refused(tmp_path):
     cfg, params = _model({})
     unknown = dataclasses.replace(cfg)

@@ -27,7 +27,8 @@ HF_ACTIVATIONS = {"squared_relu": "relu2", "gelu": "gelu", "gelu_tanh": "gelu_py
 EXPORTABLE = {"norm": ("layernorm", "rmsnorm"), "mlp": ("squared_relu", "swiglu", "gelu", "gelu_tanh"),
               "positions": ("alibi", "rope", "learned")}
 # ModelConfig fields that change no computed value of float32 inference (how it runs, not what).
-EXECUTION_FIELDS = ("compute_dtype", "attention_impl", "dense_backward", "logits_chunk_len", "scan_layers", "remat")
+EXECUTION_FIELDS = ("compute_dtype", "residual_dtype", "attention_impl", "dense_backward", "logits_chunk_len",
+                    "scan_layers", "remat")
 # Fields the export reads (into the multipliers, the config.json or the shapes).
 ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
                        "norm_eps", "mlp", "mlp_ratio", "positions", "rope_theta", "tie_embeddings", "use_bias",

@@ -136,19 +136,23 @@ def _loaded(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec):
     return curve, refs, notes
 
 
-def sweep_choices(setting_runs: list, ref_paths: dict[str, list[str]], spec: SweepSpec) -> dict | None:
-    """With "auto", the method every setting is ranked by at each fraction {fraction: Choice}, chosen by
-    leave-one-size-out on all the settings' references together (predictor.choose_method_across); else None."""
-    if spec.method != "auto":
-        return None
-    families = [_loaded(sr, ref_paths[sr.setting.name], spec)[1] for sr in setting_runs]
-    grid = setting_runs[0].target.configs.monitor.grid
-    frac_G = curves.bin_centers(grid.n_bins)
-    return {str(f): predictor.choose_method_across(families, frac_G, f, align_start=spec.align_start,
-                                                   offset=grid.offset) for f in spec.fractions}
+def sweep_predictions(setting_runs: list, ref_paths: dict[str, list[str]], spec: SweepSpec) -> dict[str, dict]:
+    """Every setting's `setting_predictions`, each setting's curve and references loaded once. With "auto" every
+    setting is ranked by one method at each fraction, chosen by leave-one-size-out on all the settings' references
+    together (predictor.choose_method_across)."""
+    loaded = {sr.setting.name: _loaded(sr, ref_paths[sr.setting.name], spec) for sr in setting_runs}
+    choices = None
+    if spec.method == "auto":
+        grid = setting_runs[0].target.configs.monitor.grid
+        families, frac_G = [refs for _, refs, _ in loaded.values()], curves.bin_centers(grid.n_bins)
+        choices = {str(f): predictor.choose_method_across(families, frac_G, f, align_start=spec.align_start,
+                                                          offset=grid.offset) for f in spec.fractions}
+    return {sr.setting.name: setting_predictions(sr, ref_paths[sr.setting.name], spec, choices,
+                                                 loaded[sr.setting.name]) for sr in setting_runs}
 
 
-def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec, choices: dict | None = None) -> dict:
+def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec, choices: dict | None = None,
+                        loaded: tuple | None = None) -> dict:
     """One setting's target predicted at every fraction by every method its references allow: {method: {fraction:
     prediction}}, with "references", "nearest_reference", "notes" (what could not be checked, and references
     outside the short-run regime), "method_choice" {fraction: {"method", "reason", "scores"}} and "loss_so_far"
@@ -156,10 +160,10 @@ def setting_predictions(sr: SettingRuns, ref_paths: list[str], spec: SweepSpec, 
 
     "method" names the entry that ranks the settings: the spec's method ("nearest" when the references have too
     few sizes for it), or with "auto" the entry "auto", at each fraction the prediction of the method in `choices`
-    (`sweep_choices`, one for every setting), or without them the one predictor.choose_method picks there from
-    this setting's references alone."""
+    (`sweep_predictions`, one for every setting), or without them the one predictor.choose_method picks there
+    from this setting's references alone. `loaded`: the setting's `_loaded`, when the caller has it."""
     grid = sr.target.configs.monitor.grid
-    curve, refs, notes = _loaded(sr, ref_paths, spec)
+    curve, refs, notes = loaded or _loaded(sr, ref_paths, spec)
     frac_G, n_params = curves.bin_centers(grid.n_bins), sr.target.plan.n_params
     out = {"method": spec.method, "references": ref_paths,
            "nearest_reference": reference.nearest(refs, n_params).source,
@@ -196,12 +200,7 @@ def run_sweep(spec: SweepSpec, train_fn=None, log=print) -> dict:
     for sr in setting_runs:
         train(sr.target, None if spec.stop_at is None else stop_step(sr.target.plan, spec.stop_at))
 
-    def predictions() -> dict[str, dict]:
-        choices = sweep_choices(setting_runs, ref_paths, spec)
-        return {sr.setting.name: setting_predictions(sr, ref_paths[sr.setting.name], spec, choices)
-                for sr in setting_runs}
-
-    predicted, stopped = predictions(), None
+    predicted, stopped = sweep_predictions(setting_runs, ref_paths, spec), None
     if spec.stop_at is not None:
         kept = report.decide({name: p[p["method"]][str(spec.stop_at)] for name, p in predicted.items()}, spec.keep)
         if kept is None:
@@ -213,7 +212,7 @@ def run_sweep(spec: SweepSpec, train_fn=None, log=print) -> dict:
             if sr.setting.name in kept:
                 train(sr.target)
         stopped = [sr.setting.name for sr in setting_runs if sr.setting.name not in kept and not sr.target.finished()]
-        predicted = predictions()
+        predicted = sweep_predictions(setting_runs, ref_paths, spec)
     runs = [*references.values(), *(sr.target for sr in setting_runs)]
     done = {r.name: r.steps_done() for sr in setting_runs for r in (sr.target, *sr.references)}
     summary = report.summarize(spec, setting_runs, predicted, done, {r.name: r.train_seconds() for r in runs},

@@ -191,9 +191,7 @@ def write_summary(spec: SweepSpec, setting_runs: list, study: optuna.Study, log=
         return None
     last = {t.params[SETTING_PARAM]: t.state for t in study.get_trials(deepcopy=False) if t.params}
     ref_paths = {sr.setting.name: runner.reference_paths(sr, spec.force) for sr in setting_runs}
-    choices = runner.sweep_choices(setting_runs, ref_paths, spec)
-    predicted = {sr.setting.name: runner.setting_predictions(sr, ref_paths[sr.setting.name], spec, choices)
-                 for sr in setting_runs}
+    predicted = runner.sweep_predictions(setting_runs, ref_paths, spec)
     runs = [*{r.name: r for sr in setting_runs for r in sr.references}.values(), *(sr.target for sr in setting_runs)]
     done = {r.name: r.steps_done() for r in runs}
     stopped = [name for name, state in last.items() if state == TrialState.PRUNED]

@@ -118,7 +118,8 @@ def table(results: list[dict], args) -> str:
             cal = calibration.expected(best)
             expected = ["—"] * 3 if cal is None else [
                 f"{cal['step_seconds']:.2f}",
-                f"{cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%})" + (" †" if cal["extrapolated"] else ""),
+                f"{cal['mfu']:.0%} ({cal['mfu_lo']:.0%}–{cal['mfu_hi']:.0%})"
+                + (" †" if cal["extrapolated"] else ""),
                 f"{steps * cal['step_seconds'] / 86400:.1f}"]
             rows.append([name, r["topology"], tuple(best["mesh_shape"]), best["microbatches"], best["remat"],
                          "yes" if best["scan_layers"] else "no", f"{best['bytes_per_chip'] / 1e9:.1f}",

@@ -8,8 +8,8 @@ d48, d64 and d80, seeds 0 and 1). This trains the same runs, same seeds, with Mo
 'bfloat16' (matmuls stay float32, as on CPU; only the residual stream is rounded), and d48 seed 0 once more in
 float32, to check that today's code reproduces the stored curve. The family's models have 2 layers, the base
 depth, so CompleteP's residual multiplier is 1 there; the deep cell (d48 at 8 layers, multiplier 1/4, each
-block's increment four times smaller against the stream it is added to) trains both dtypes, same two seeds. Per size and seed it compares, over
-t̂ ∈ [0.2, 1], the normalized training curve (binned and smoothed as the monitor does) and the final smoothed
+block's increment four times smaller against the stream it is added to) trains both dtypes, same two seeds.
+Per size and seed it compares, over t̂ ∈ [0.2, 1], the normalized training curve (binned and smoothed as the monitor does) and the final smoothed
 train and eval losses with the float32 run of the same seed, against the difference between the two float32
 seeds of that size; and for each family, how its normalized curves collapse (`curves.family_measures`: the
 spread across sizes Δ against seed noise σ, the trend with N, the paper's MAE).
@@ -58,40 +58,41 @@ def compare(a: dict, b: dict, frac_G: np.ndarray) -> dict:
             "eval_final_rel": float(b["eval_final"] / a["eval_final"] - 1)}
 
 
+def cell(label: str, float32_dir: str, bfloat16_dir: str, frac_G: np.ndarray) -> tuple[list[dict], dict]:
+    """The rows of one size (each seed's bfloat16 run against its float32 run, beside the difference between the
+    two float32 seeds) and its measured runs {(dtype, seed): measure}."""
+    runs = {(dtype, seed): measure(os.path.join(folder, f"seed{seed}"))
+            for dtype, folder in (("float32", float32_dir), ("bfloat16", bfloat16_dir)) for seed in SEEDS}
+    seeds = compare(runs[("float32", 0)], runs[("float32", 1)], frac_G)
+    return [{"size": label, "seed": seed, "bfloat16_vs_float32": compare(runs[("float32", seed)],
+                                                                         runs[("bfloat16", seed)], frac_G),
+             "seed1_vs_seed0_float32": seeds} for seed in SEEDS], runs
+
+
 def report(workdir: str) -> dict:
     frac_G = curves.bin_centers(BINS)
-    stored = {(size, seed): measure(os.path.join(STORED, size, f"seed{seed}")) for size in SIZES for seed in SEEDS}
-    rows = []
+    rows, family_runs = [], {}
     for size in SIZES:
-        seeds = compare(stored[(size, 0)], stored[(size, 1)], frac_G)
-        for seed in SEEDS:
-            bf16 = measure(os.path.join(workdir, "bfloat16", size, f"seed{seed}"))
-            rows.append({"size": size, "seed": seed, "bfloat16_vs_float32": compare(stored[(size, seed)], bf16, frac_G),
-                         "seed1_vs_seed0_float32": seeds})
+        size_rows, family_runs[size] = cell(size, os.path.join(STORED, size), os.path.join(workdir, "bfloat16", size),
+                                            frac_G)
+        rows += size_rows
     deep = f"{DEEP_SIZE}-l{DEEP_LAYERS}"
-    deep_runs = {(dtype, seed): measure(os.path.join(workdir, dtype, deep, f"seed{seed}"))
-                 for dtype in ("float32", "bfloat16") for seed in SEEDS}
-    deep_seeds = compare(deep_runs[("float32", 0)], deep_runs[("float32", 1)], frac_G)
-    rows += [{"size": deep, "seed": seed, "seed1_vs_seed0_float32": deep_seeds,
-              "bfloat16_vs_float32": compare(deep_runs[("float32", seed)], deep_runs[("bfloat16", seed)], frac_G)}
-             for seed in SEEDS]
+    rows += cell(deep, os.path.join(workdir, "float32", deep), os.path.join(workdir, "bfloat16", deep), frac_G)[0]
     n_params = [files.load_curve(os.path.join(STORED, size, "seed0")).controls.n_params for size in SIZES]
-    family = {}
-    for dtype, folder in (("float32", STORED), ("bfloat16", os.path.join(workdir, "bfloat16"))):
-        curves_KxRxG = np.array([[measure(os.path.join(folder, size, f"seed{seed}"))["curve"] for seed in SEEDS]
-                                 for size in SIZES])
-        family[dtype] = curves.family_measures(curves_KxRxG, n_params, frac_G, LO)
+    family = {dtype: curves.family_measures(np.array([[family_runs[size][(dtype, seed)]["curve"] for seed in SEEDS]
+                                                      for size in SIZES]), n_params, frac_G, LO)
+              for dtype in ("float32", "bfloat16")}
     rerun = os.path.join(workdir, "float32", "d48", "seed0", files.CURVE_CSV)
     with open(rerun) as f, open(os.path.join(STORED, "d48", "seed0", files.CURVE_CSV)) as g:
         identical = f.read() == g.read()
-    return {"rows": rows, "family": family, "float32_rerun_identical": identical, "bins": BINS, "smooth_bins": SMOOTH, "lo": LO}
+    return {"rows": rows, "family": family, "float32_rerun_identical": identical, "bins": BINS,
+            "smooth_bins": SMOOTH, "lo": LO}
 
 
 def write(results: dict) -> None:
-    table = [[r["size"], r["seed"], f"{r['bfloat16_vs_float32']['curve_mean_abs']:.4f}",
-              f"{r['seed1_vs_seed0_float32']['curve_mean_abs']:.4f}",
-              f"{r['bfloat16_vs_float32']['train_final_rel']:+.2%}", f"{r['seed1_vs_seed0_float32']['train_final_rel']:+.2%}",
-              f"{r['bfloat16_vs_float32']['eval_final_rel']:+.2%}", f"{r['seed1_vs_seed0_float32']['eval_final_rel']:+.2%}"]
+    metrics = (("curve_mean_abs", "{:.4f}"), ("train_final_rel", "{:+.2%}"), ("eval_final_rel", "{:+.2%}"))
+    table = [[r["size"], r["seed"]] + [form.format(r[side][metric]) for metric, form in metrics
+                                       for side in ("bfloat16_vs_float32", "seed1_vs_seed0_float32")]
              for r in results["rows"]]
     lines = ["<!-- generated by `python experiments/residual_dtype/run.py`; do not edit by hand -->",
              "# A bfloat16 residual stream against seed noise", "",

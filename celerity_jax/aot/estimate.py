@@ -46,13 +46,11 @@ COUNT_EVERY_FLOP = {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
                     "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False}
 
 
-def compile_for_cost(lowered, mesh):
-    """The cost piece `lowered` compiled for `mesh`'s devices, with COUNT_EVERY_FLOP on a TPU."""
-    return lowered.compile(compiler_options=_cost_options(mesh))
-
-
-def _cost_options(mesh) -> dict:
-    return COUNT_EVERY_FLOP if mesh.devices.flat[0].platform == "tpu" else {}
+def _piece_cost(piece: str, lowered, mesh, cache: Cache, target: str) -> dict[str, float] | None:
+    """The costs of the cost piece `lowered`, compiled for `mesh`'s devices (with COUNT_EVERY_FLOP on a TPU), or
+    read from `cache`."""
+    options = COUNT_EVERY_FLOP if mesh.devices.flat[0].platform == "tpu" else {}
+    return cache(piece, lowered, target, lambda: costs(lowered.compile(compiler_options=options)), options)
 
 
 def costs(compiled) -> dict[str, float] | None:
@@ -85,7 +83,7 @@ def gradient_piece(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, 
     chunks per iteration of its loop."""
     cfg = dataclasses.replace(model_cfg, n_layers=n_layers, scan_layers=False)
     lowered = _lower_gradient(cfg, micro_seqs, seq_len, mesh, z_loss, loss_unroll)
-    return cache("gradient", lowered, target, lambda: costs(compile_for_cost(lowered, mesh)), _cost_options(mesh))
+    return _piece_cost("gradient", lowered, mesh, cache, target)
 
 
 def gradient_cost(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, cache: Cache,
@@ -131,4 +129,4 @@ def update_cost(build: step_lib.StepBuild, plan, mesh, cache: Cache, target: str
                      in_shardings=(state_sh, state_sh.params, replicated), out_shardings=(state_sh, None))
     state, _ = build.abstract_inputs(plan.batch_seqs, plan.seq_len)
     lowered = update.lower(state, state.params, jax.ShapeDtypeStruct((), "float32", sharding=replicated))
-    return cache("update", lowered, target, lambda: costs(compile_for_cost(lowered, mesh)), _cost_options(mesh))
+    return _piece_cost("update", lowered, mesh, cache, target)

@@ -133,7 +133,7 @@ def measure_train_step(preset: str, vocab_size: int, seq_len: int, batch_seqs: i
     model_cfg = dataclasses.replace(presets.preset(preset), vocab_size=vocab_size)
     plan = recipe.make_plan(model_cfg, recipe.RecipeConfig(seq_len=seq_len, batch_seqs=batch_seqs))
     rng = jax.random.key(0)
-    multipliers = completep.multipliers(model_cfg, jax.eval_shape(lambda: transformer.init_params(model_cfg, rng)))
+    multipliers = completep.multipliers(model_cfg, transformer.declarations(model_cfg))
     optimizer = optim.build_optimizer(plan, multipliers)
     state = step_lib.init_state(model_cfg, optimizer, MonitorConfig(), rng)
     train_step = step_lib.make_train_step(model_cfg, plan, optimizer, microbatches=1, z_loss=0.0)

@@ -24,7 +24,7 @@ import jax
 from celerity_jax import gin_config
 from celerity_jax.aot import estimate
 from celerity_jax.aot.cache import Cache
-from celerity_jax.aot.compile import Setting, Target, compile_report
+from celerity_jax.aot.compile import StepSetting, Target, compile_report
 from celerity_jax.fileio import write_json_atomic
 from celerity_jax.model import params, sharding
 
@@ -56,7 +56,7 @@ def windowed_einsum_row(gin_file: str, topology: str, mesh_shape: tuple[int, int
     sharding.RESIDUAL_RULE = RULES[rule]
     jax.clear_caches()
     configs = gin_config.parse_gin([gin_file], ["ModelConfig.remat = 'none'"])
-    target = Target.of(configs, topology, Setting(mesh_shape, 1, "none", False))
+    target = Target.of(configs, topology, StepSetting(mesh_shape, 1, "none", False))
     cfg, seq_len = target.run.model, target.plan.seq_len
     per_layer = {}
     for name, options in (("on", {}), ("off", estimate.COUNT_EVERY_FLOP)):

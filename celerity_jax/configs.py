@@ -2,7 +2,7 @@
 configs of a run, as gin_config parses them) and RunDefinition (the configs with their plan and identity).
 
 What is trained (model, recipe, data, monitor) lives in those packages' own configs. TrainConfig sits here, below
-train/, because gin_config and the evaluator, which train/ uses, read it too.
+train/, because gin_config, which train/ uses, reads it too.
 """
 
 import dataclasses

@@ -57,7 +57,7 @@ def train_and_record(cfg: ModelConfig, tokens_BxL1: np.ndarray, cc: CoordCheckCo
     inputs, targets = jnp.asarray(tokens_BxL1[:, :-1]), jnp.asarray(tokens_BxL1[:, 1:])
     rng = jax.random.key(cc.seed)
     params = _compiled(lambda r: transformer.init_params(cfg, r), rng)(rng)
-    mult = completep.multipliers(cfg, params)
+    mult = completep.multipliers(cfg, transformer.declarations(cfg))
     # The optimizer training uses, at a constant LR and without weight decay.
     optimizer = optim.tau_pinned_adamw(cc.base_lr, 0.0, b1=0.9, b2=0.95,
                                        eps=jax.tree.map(lambda e: cc.base_eps * e, mult.eps),

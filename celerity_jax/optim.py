@@ -72,7 +72,8 @@ def tau_pinned_adamw(learning_rate: float, weight_decay: float, *, b1: float, b2
 
 
 def build_optimizer(plan, multipliers) -> optax.GradientTransformation:
-    """The plan's optimizer; `multipliers` has pytrees `lr`, `eps` (floats) and `decay` (bools).
+    """The plan's optimizer; `multipliers` (`completep.multipliers`) has pytrees `role`, `lr`, `eps` (floats) and
+    `decay` (bools).
 
     The base LR η_base·s_t and λ are injected hyperparameters, so they live in the optimizer state
     (read them with `optimizer_metrics`). Each leaf's λ multiplier is its role's in `plan.weight_decay_mult`.
@@ -80,9 +81,7 @@ def build_optimizer(plan, multipliers) -> optax.GradientTransformation:
     schedule = schedules.make_schedule(plan.schedule, plan.steps, plan.warmup_steps,
                                        plan.wsd_decay_frac)
     eps = jax.tree.map(lambda m: plan.adam_eps * m, multipliers.eps)
-    decay_scales = jax.tree.map(lambda role: plan.weight_decay_mult[role.value],
-                                completep.param_roles(multipliers.decay),
-                                is_leaf=lambda r: isinstance(r, completep.Role))
+    decay_scales = jax.tree.map(lambda role: plan.weight_decay_mult[role.value], multipliers.role)
     static = ("b1", "b2", "eps", "lr_multipliers", "decay_mask", "grad_clip", "decay_scales")
     return optax.inject_hyperparams(tau_pinned_adamw, static_args=static)(
         learning_rate=lambda count: plan.base_lr * schedule(count),

@@ -38,6 +38,20 @@ def repo_root() -> str:
 
 
 @pytest.fixture(scope="session")
+def on_eight_devices():
+    """(code, timeout) -> the stdout of `code` run by a new Python on 8 fake CPU devices; the test fails with its
+    stderr where it fails."""
+    def run(code: str, timeout: int = 300) -> str:
+        flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=timeout)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+    return run
+
+
+@pytest.fixture(scope="session")
 def tiny_gin() -> tuple[str, ...]:
     """The gin files of the smallest tiny run (d48 with tests/configs/smoke.gin)."""
     return TINY_GIN

@@ -7,7 +7,7 @@ import pytest
 
 from celerity_jax import recipe
 from celerity_jax.aot import footprint
-from celerity_jax.aot.compile import Setting, apply_setting, compile_report, slice_devices
+from celerity_jax.aot.compile import StepSetting, apply_setting, compile_report, slice_devices
 from celerity_jax.model import sharding
 from celerity_jax.model.config import REMATS
 from celerity_jax.train import step as step_lib
@@ -19,35 +19,45 @@ LONG = ["ModelConfig.d_model = 128", "ModelConfig.n_heads = 2", "ModelConfig.hea
         "RecipeConfig.tpp = 2000"]
 
 
-def _model(configs, topology, setting: Setting) -> footprint.Footprint:
+def _model(configs, topology, setting: StepSetting) -> footprint.Footprint:
     return footprint.of_setting(configs, topology, setting)
 
 
 def test_activations_grow_with_depth_and_microbatch_and_shrink_with_remat_and_shards(tiny_configs, tpu_slice):
     configs = tiny_configs(*LONG)
-    one = {remat: _model(configs, tpu_slice, Setting((1, 4, 1), 1, remat, True)) for remat in REMATS}
+    one = {remat: _model(configs, tpu_slice, StepSetting((1, 4, 1), 1, remat, True)) for remat in REMATS}
     layers = [one[remat].layers for remat in REMATS]  # each policy keeps less than the one before it
     assert all(a > b for a, b in zip(layers, layers[1:])) and layers[-1] > 0
     working = [one[remat].working for remat in REMATS]  # and recomputes more of a layer
     assert all(a < b for a, b in zip(working, working[1:]))
-    four = _model(configs, tpu_slice, Setting((1, 4, 1), 4, "none", True))
+    four = _model(configs, tpu_slice, StepSetting((1, 4, 1), 4, "none", True))
     assert four.layers == pytest.approx(one["none"].layers / 4, rel=0.01)
     assert four.gradients == 2 * one["none"].gradients  # the running sum beside the microbatch's own
     deeper = tiny_configs(*LONG, "ModelConfig.n_layers = 4")
-    assert _model(deeper, tpu_slice, Setting((1, 4, 1), 1, "none", True)).layers == pytest.approx(
+    assert _model(deeper, tpu_slice, StepSetting((1, 4, 1), 1, "none", True)).layers == pytest.approx(
         2 * one["none"].layers, rel=0.01)
     # all data parallel: the same activations per chip, the state whole on every chip
-    data = _model(configs, tpu_slice, Setting((4, 1, 1), 1, "none", True))
+    data = _model(configs, tpu_slice, StepSetting((4, 1, 1), 1, "none", True))
     assert data.layers == pytest.approx(one["none"].layers, rel=0.01) and data.state > 3 * one["none"].state
     # fsdp 2 x tensor 2: the activations split four ways too, the attention's head groups folded into the batch
-    tensor = _model(configs, tpu_slice, Setting((1, 2, 2), 1, "none", True))
+    tensor = _model(configs, tpu_slice, StepSetting((1, 2, 2), 1, "none", True))
     assert tensor.layers == pytest.approx(one["none"].layers, rel=0.01)
+
+
+def test_grouped_key_value_heads_keep_less_state_and_smaller_saved_keys_and_values(tiny_configs, tpu_slice):
+    """With 1 key/value head for 2, k and v shrink by half: their kernels in the state, and the k and v that the
+    `qkv` policy keeps, 2 × B × L × head_dim bfloat16 values less per layer (B × L split over 4 chips)."""
+    mha, gqa = (_model(tiny_configs(*LONG, *extra), tpu_slice, StepSetting((1, 4, 1), 1, "qkv", True))
+                for extra in ((), ("ModelConfig.n_kv_heads = 1",)))
+    assert gqa.state < mha.state
+    per_layer = 2 * 16 * 8192 * 64 * 2 / 4
+    assert mha.layers - gqa.layers == pytest.approx(2 * per_layer, rel=0.01)  # two layers
 
 
 def test_state_counts_each_chips_shards(tiny_configs, tpu_slice):
     configs = tiny_configs()
     slice_, devices = slice_devices(tpu_slice)
-    run = apply_setting(configs, Setting((1, 4, 1), 1, "none", True), slice_.chip.platform)
+    run = apply_setting(configs, StepSetting((1, 4, 1), 1, "none", True), slice_.chip.platform)
     plan = recipe.make_plan(run.model, run.recipe)
     mesh = sharding.make_mesh((1, 4, 1), devices=devices)
     build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=1, z_loss=0.0, seed=0)
@@ -68,7 +78,7 @@ def test_the_model_against_xla(tiny_configs, tpu_slice, remat):
     from celerity_jax.aot import walk
 
     configs = tiny_configs(*LONG)
-    setting = Setting((1, 4, 1), 1, remat, True)
+    setting = StepSetting((1, 4, 1), 1, remat, True)
     xla = compile_report(configs, tpu_slice, setting, estimates="never")["bytes_per_chip"]
     model = _model(configs, tpu_slice, setting).total
     assert model >= xla / walk.SURE_FITS, model / xla
@@ -78,7 +88,7 @@ def test_the_model_against_xla(tiny_configs, tpu_slice, remat):
 
 def test_a_remat_policy_keeps_what_it_says(tiny_configs, tpu_slice):
     configs = tiny_configs(*LONG)
-    full = _model(configs, tpu_slice, Setting((1, 4, 1), 1, "full", True))
+    full = _model(configs, tpu_slice, StepSetting((1, 4, 1), 1, "full", True))
     model = dataclasses.replace(configs.model, remat="full")
     # full remat keeps each layer's input: the residual stream of one chip's sequences, bfloat16 on a TPU
     per_layer = full.layers / model.n_layers

@@ -2,7 +2,9 @@
 
 import pytest
 
+from celerity_jax.aot.compile import StepSetting
 from celerity_jax.aot.report import check_writable, format_report, nothing_fits
+from celerity_jax.aot.row import Row
 from celerity_jax.errors import ConfigError
 
 REPORT = {"mesh_shape": [1, 4, 1], "microbatches": 11, "remat": "none", "scan_layers": True,
@@ -39,9 +41,10 @@ def test_a_report_that_does_not_fit_names_the_fix():
 
 
 def test_nothing_fits_says_why():
-    skipped = [{"skipped": "a batch of 6 sequences does not split over 4 data shards"}]
+    setting = StepSetting((4, 1, 1), 1, "none", True)
+    skipped = [Row(setting, skipped="a batch of 6 sequences does not split over 4 data shards")]
     assert "choose a slice whose chip count divides the batch" in nothing_fits(skipped)
-    assert "try a larger slice" in nothing_fits([{"fits": False}])
+    assert "try a larger slice" in nothing_fits([Row(setting)])
 
 
 def test_an_unwritable_directory_is_refused(tmp_path):

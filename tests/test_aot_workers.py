@@ -10,6 +10,7 @@ import time
 import pytest
 
 from celerity_jax.aot import workers
+from celerity_jax.aot.compile import UpdatePiece
 from celerity_jax.errors import ConfigError
 
 
@@ -17,20 +18,20 @@ def test_the_most_urgent_compile_runs_first_and_a_config_error_comes_back_as_a_r
     ran = []
 
     def fake_run(task):
-        ran.append(task[0])
-        if task[0] == "step":
+        ran.append(task.setting)
+        if task.setting == "step":
             raise ConfigError("the batch does not split")
-        return {"kind": task[0]}
+        return {"ran": task.setting}
 
     monkeypatch.setattr(workers, "run_task", fake_run)
     compiler = workers.Compiler(1, failed=lambda setting, e: {"setting": setting, "error": str(e)})
-    compiler.submit(("piece", "a"), ("piece", None, None, "setting a", None, ("update",)))
-    compiler.submit(("estimate", "b"), ("estimate", None, None, "setting b", None))
-    compiler.submit(("step", "c"), ("step", None, None, "setting c", None))
+    compiler.submit(workers.PieceTask(None, "v5e-4", "piece", None, UpdatePiece()), "tag a")
+    compiler.submit(workers.StepTask(None, "v5e-4", "estimate", None, "fits"), "tag b")
+    compiler.submit(workers.StepTask(None, "v5e-4", "step", None, "never"), "tag c")
     results = [compiler.next(timeout=1) for _ in range(3)]
     assert ran == ["step", "estimate", "piece"] and compiler.running == 0
-    assert results[0] == (("step", "c"), {"setting": "setting c", "error": "the batch does not split"})
-    assert results[1] == (("estimate", "b"), {"kind": "estimate"})
+    assert results[0] == ("tag c", {"setting": "step", "error": "the batch does not split"})
+    assert results[1] == ("tag b", {"ran": "estimate"})
     compiler.close(stop=False)
 
 

@@ -61,8 +61,8 @@ def test_cli_states_the_dims_the_mesh_does_not_split(tmp_path, tpu_slice, celeri
                            "--cache-dir", str(tmp_path))
     setting = next(line for line in out.stdout.splitlines() if line.startswith("setting"))
     assert out.returncode == 0 and setting.endswith(
-        "; kept whole, the mesh axis does not divide them: embed dim 0 (257) over tensor (4), "
-        "unembed dim 1 (257) over tensor (4)")
+        "; kept whole, the mesh axis does not divide them: vocab (257) over tensor (4), attention heads 3 and kv "
+        "heads 3 over tensor (4), which must divide the heads and divide or be divided by the kv heads")
 
 
 def test_cli_budget_and_jobs_belong_to_search(tpu_slice, celerity_compile):

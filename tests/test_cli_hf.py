@@ -257,8 +257,7 @@ STOCK_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"],
 
 
 @pytest.mark.parametrize("config, needle", [
-    ({**STOCK_LLAMA, "num_key_value_heads": 2}, "num_key_value_heads=2 differs from num_attention_heads=4 "
-                                                "(grouped-query attention)"),
+    ({**STOCK_LLAMA, "num_key_value_heads": 3}, "num_key_value_heads=3 does not divide num_attention_heads=4"),
     ({**STOCK_LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling="),
     ({**STOCK_LLAMA, "attention_bias": True}, "attention_bias=True differs from mlp_bias=False"),
     ({**STOCK_LLAMA, "hidden_act": "gelu"}, "hidden_act='gelu' is not SwiGLU's silu"),
@@ -272,3 +271,35 @@ def test_import_of_a_stock_model_that_does_not_map(tmp_path, capsys, config, nee
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     _refused(["import-hf", "--model", str(folder), "--out", str(tmp_path / "run")], capsys, "import-hf", needle)
+
+
+GROUPED_QUERY_LLAMA = ["ModelConfig.positions = 'rope'", "ModelConfig.norm = 'rmsnorm'", "ModelConfig.mlp = 'swiglu'",
+                       "ModelConfig.n_heads = 4", "ModelConfig.head_dim = 12", "ModelConfig.n_kv_heads = 2"]
+
+
+@pytest.mark.slow
+def test_a_grouped_query_llama_run_end_to_end(tiny_gin, tmp_path, capsys, torch, transformers):
+    """Trained with 2 key/value heads for 4 heads, sampled greedily, exported to a stock LlamaForCausalLM whose
+    greedy text is ours, and imported back bit for bit."""
+    workdir, out, back = (str(tmp_path / name) for name in ("run", "hf", "back"))
+    gin = sum((["--gin-file", g] for g in tiny_gin), []) + sum((["--gin-param", b] for b in GROUPED_QUERY_LLAMA), [])
+    assert main(["train", *gin, "--workdir", workdir]) == 0
+    capsys.readouterr()
+    assert main(["sample", "--workdir", workdir, "--temperature", "0", "--max-new-tokens", "24", "--json",
+                 *sum((["--prompt", p] for p in PROMPTS), [])]) == 0
+    sampled = [s["completion"] for s in json.loads(capsys.readouterr().out)["samples"]]
+    assert main(["export-hf", "--workdir", workdir, "--out", out]) == 0
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    for prompt, text in zip(PROMPTS, sampled):
+        ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        greedy = hf_model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
+        assert tokenizer.decode(greedy, skip_special_tokens=True) == text
+    assert main(["import-hf", "--model", out, "--out", back]) == 0
+    ours, imported = loader.load_model(workdir), loader.load_model(back)
+    assert imported.cfg.n_kv_heads == 2 and imported.cfg == ours.cfg
+    original, returned = fold.flatten(ours.params), fold.flatten(imported.params)
+    assert all(np.array_equal(original[p].view(np.int32), returned[p].view(np.int32)) for p in original)

@@ -1,6 +1,5 @@
 import dataclasses
 
-import numpy as np
 import pytest
 
 from celerity_jax.collapse.config import MonitorConfig
@@ -71,15 +70,3 @@ def test_an_annotation_without_a_rule_is_a_programming_error():
 
     with pytest.raises(TypeError, match="no check for the annotation"):
         check_field_types(Config())
-
-
-def test_eval_points_spread_evals_over_the_same_fractions_for_every_length():
-    assert TrainConfig(eval_points=4, eval_every=0).eval_steps(100) == {12, 38, 62, 88, 100}
-    assert TrainConfig(eval_points=4, eval_every=0).eval_steps(1143) == {143, 429, 714, 1000, 1143}
-    for steps in (1143, 1924, 2905):  # the same number of evals in each of 25 bins, whatever the run's length
-        frac = np.array(sorted(TrainConfig(eval_points=50).eval_steps(steps))) / steps
-        assert np.bincount(np.minimum(frac * 25, 24).astype(int), minlength=25).tolist() == [2] * 24 + [3]
-    assert TrainConfig(eval_points=0, eval_every=100).eval_steps(1143) == {1143}  # the last step too
-    assert TrainConfig(eval_points=0, eval_every=0).eval_steps(1143) == frozenset()
-    with pytest.raises(ConfigError, match="TrainConfig.eval_points=-1 must be >= 0"):
-        TrainConfig(eval_points=-1)

@@ -47,3 +47,37 @@ def test_a_checkpoint_that_fails_its_checksums_is_refused(trained_run, tmp_path)
     with pytest.raises(ConfigError, match=r"the checkpoint at step 114 .* is corrupt: 1 array\(s\) do not match"):
         loader.load_model(copy)
     assert loader.load_model(copy, step=110).step == 110
+
+
+def _run_with_config_gin(tmp_path, text):
+    (tmp_path / "config.gin").write_text(text)
+    return str(tmp_path)
+
+
+def test_the_mesh_shape_is_read_from_config_gin_leaving_the_gin_configuration_alone(tmp_path, tiny_configs):
+    import gin
+
+    tiny_configs("TrainConfig.seed = 7")
+    workdir = _run_with_config_gin(tmp_path, "# Parameters for TrainConfig:\nTrainConfig.log_every = 10\n"
+                                             "TrainConfig.mesh_shape = (1, 1, 1)\n")
+    assert loader.run_mesh(workdir).devices.shape == (1, 1, 1)
+    assert gin.query_parameter("TrainConfig.seed") == 7
+    workdir = _run_with_config_gin(tmp_path, "TrainConfig.mesh_shape = (2, 1, 1)\n")
+    with pytest.raises(ConfigError, match=r"mesh_shape=\(2, 1, 1\) needs 2 devices"):
+        loader.run_mesh(workdir)
+    os.remove(os.path.join(workdir, "config.gin"))  # a run trained through the library: every device, data-parallel
+    assert loader.run_mesh(workdir).devices.shape == (jax.device_count(), 1, 1)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("", "records no mesh shape"),
+    ("TrainConfig.seed = 0\n", "records no mesh shape"),
+    ("TrainConfig.mesh_shape = (1, 1\n", "cannot read the run's mesh shape"),
+    ("TrainConfig.mesh_shape = (1, 1)\n", "records no mesh shape"),
+])
+def test_an_unreadable_mesh_shape_is_one_line_naming_the_fix(tmp_path, text, problem):
+    workdir = _run_with_config_gin(tmp_path, text)
+    with pytest.raises(ConfigError, match=problem) as refused:
+        loader.run_mesh(workdir)
+    assert "\n" not in str(refused.value) and ("celerity train" in str(refused.value)
+                                               or "put back the config.gin" in str(refused.value))

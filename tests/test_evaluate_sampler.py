@@ -40,9 +40,10 @@ def test_greedy_equals_argmax_of_the_full_forward_at_every_position(positions):
             tokens.append(new)
 
 
-@pytest.mark.parametrize("positions", ["alibi", "rope", "learned"])
-def test_cached_logits_match_the_full_forward(positions):
-    cfg, params = _model(positions)
+@pytest.mark.parametrize("positions, kv_heads", [("alibi", None), ("rope", None), ("learned", None), ("rope", 1),
+                                                 ("alibi", 1)])
+def test_cached_logits_match_the_full_forward(positions, kv_heads):
+    cfg, params = _model(positions, n_kv_heads=kv_heads)
     decoder = _decoder(cfg, params)
     rows, prompt_len, slots = 3, 8, 24
     tokens = np.asarray(jax.random.randint(jax.random.key(2), (rows, 20), 0, 257), np.int32)
@@ -59,6 +60,12 @@ def test_cached_logits_match_the_full_forward(positions):
         fed = tokens[np.arange(rows), position][:, None]
         _, logits, cache = decoder.step(cache, fed, position, np.zeros(rows), key, 0.0, 1.0)
         position += 1
+
+
+def test_grouped_key_value_heads_shrink_the_cache_by_the_group_factor():
+    mha, gqa = (_decoder(*_model("rope", n_kv_heads=kv)).new_cache(3, 24) for kv in (None, 1))
+    assert gqa.k_NxBxSxGxK.shape == (2, 3, 24, 1, 16) and mha.k_NxBxSxGxK.shape == (2, 3, 24, 2, 16)
+    assert gqa.k_NxBxSxGxK.nbytes + gqa.v_NxBxSxGxK.nbytes == (mha.k_NxBxSxGxK.nbytes + mha.v_NxBxSxGxK.nbytes) // 2
 
 
 def test_the_decode_step_compiles_once_for_all_tokens():

@@ -89,7 +89,7 @@ def test_eight_devices_give_the_numbers_of_one(params, tmp_path, repo_root):
         cfg = ModelConfig(**{CFG.__dict__!r})
         mesh = sharding.make_mesh((2, 2, 2))
         params = transformer.init_params(cfg, jax.random.key(0))
-        params = jax.device_put(params, sharding.param_shardings(params, mesh))
+        params = jax.device_put(params, sharding.param_shardings(transformer.declarations(cfg), params, mesh))
         scores = scoring.Scorer(cfg, params, mesh, 8).score({requests!r})
         print(json.dumps([s.logprob for s in scores]))
     """)

@@ -19,6 +19,7 @@ from celerity_jax.model import transformer  # noqa: E402
 SHAPE = dict(vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
 MODELS = {
     "llama": transformers.LlamaConfig(**SHAPE, intermediate_size=80, rms_norm_eps=1e-5, rope_theta=500.0),
+    "llama_grouped_query": transformers.LlamaConfig(**SHAPE, num_key_value_heads=2, intermediate_size=80),
     "llama_tied_biased": transformers.LlamaConfig(**SHAPE, intermediate_size=64, tie_word_embeddings=True,
                                                   attention_bias=True, mlp_bias=True),
     "gpt_neox": transformers.GPTNeoXConfig(**SHAPE, intermediate_size=128, hidden_act="gelu_new", rotary_pct=1.0,

@@ -18,11 +18,14 @@ def _shapes(cfg):
     return jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
 
 
+def _roles(cfg) -> list[Role]:
+    return [d.role for d in jax.tree.leaves(transformer.declarations(cfg))]
+
+
 def _by_role(cfg, tree):
     """{role name: value} over the leaves of `tree` (a multipliers field); one value per role."""
     out = {}
-    roles = jax.tree.leaves(completep.param_roles(_shapes(cfg)), is_leaf=lambda r: isinstance(r, Role))
-    for role, value in zip(roles, jax.tree.leaves(tree)):
+    for role, value in zip(_roles(cfg), jax.tree.leaves(tree)):
         out.setdefault(role.value, set()).add(value)
     assert all(len(values) == 1 for values in out.values())
     return {role: values.pop() for role, values in out.items()}
@@ -35,8 +38,8 @@ def _by_role(cfg, tree):
 def test_every_leaf_gets_exactly_the_expected_role(overrides):
     cfg = ModelConfig(**{**CFG.__dict__, **overrides})
     shapes = _shapes(cfg)
-    roles = jax.tree.leaves(completep.param_roles(shapes), is_leaf=lambda r: isinstance(r, Role))
-    assert len(roles) == len(jax.tree.leaves(shapes))
+    assert jax.tree.structure(transformer.declarations(cfg)) == jax.tree.structure(shapes)
+    roles = _roles(cfg)
     counts = {r: roles.count(r) for r in Role}
     n_mats = 4 + (3 if cfg.mlp == "swiglu" else 2)
     n_blocks = 1 if cfg.scan_layers else cfg.n_layers
@@ -48,16 +51,11 @@ def test_every_leaf_gets_exactly_the_expected_role(overrides):
     assert counts[Role.FINAL_NORM] == norm_leaves
 
 
-def test_unknown_path_has_no_role():
-    with pytest.raises(ValueError, match="adapter/kernel"):
-        completep.param_role(("adapter", "kernel"))
-
-
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_multipliers_equal_the_science_table(alpha):
     cfg = ModelConfig(**{**CFG.__dict__, "depth_alpha": alpha})
     m_d, m_l, s = 4.0, 4.0, 0.1
-    mult = completep.multipliers(cfg, _shapes(cfg))
+    mult = completep.multipliers(cfg, transformer.declarations(cfg))
     depth_lr = m_l ** (alpha - 1)
     assert _by_role(cfg, mult.init_std) == pytest.approx({
         "embedding": s, "hidden": s / math.sqrt(m_d), "block_vector": 0.0, "final_norm": 0.0, "unembedding": s})

@@ -79,6 +79,33 @@ def test_values_and_gradients_match_the_reference(case, dtype, bound, kernel):
     assert max(grad_errors) < bound, grad_errors
 
 
+# (G, K) with H = 4 query heads: H/G = 2 and 4 query heads per key/value head; K = 128 reads [B, L, H·K] in place
+# on the TPU kernel, K = 16 goes through its [B, H, L, K] transpose.
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("alibi", [True, False])
+@pytest.mark.parametrize("n_kv_heads, head_dim", [(2, 16), (1, 16), (2, 128)])
+def test_grouped_query_attention_matches_the_reference(n_kv_heads, head_dim, alibi, kernel):
+    q, _, _, weights = _inputs(32, 4, head_dim, jnp.float32, batch=1)
+    _, k, v, _ = _inputs(32, n_kv_heads, head_dim, jnp.float32, batch=1)
+    slopes = positions.alibi_slopes(4) if alibi else None
+    out, grads = _value_and_grads(
+        lambda q, k, v: KERNELS[kernel](q, k, v, scale=0.3, alibi_slopes_H=slopes, block_q=16, block_k=16,
+                                        interpret=True), q, k, v, weights)
+    want_out, want_grads = _value_and_grads(
+        lambda q, k, v: attention.causal_attention(q, k, v, scale=0.3, alibi_slopes_H=slopes), q, k, v, weights)
+    assert out.shape == q.shape and grads[1].shape == grads[2].shape == k.shape
+    assert _relative_error(out, want_out) < 1e-5
+    assert max(_relative_error(g, w) for g, w in zip(grads, want_grads)) < 1e-5
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_query_heads_that_do_not_split_over_the_key_value_heads_are_refused(kernel):
+    q, _, _, _ = _inputs(32, 4, 16, jnp.float32, batch=1)
+    _, k, v, _ = _inputs(32, 3, 16, jnp.float32, batch=1)
+    with pytest.raises(ValueError, match="the 4 query heads do not split into groups over the 3 key/value heads"):
+        KERNELS[kernel](q, k, v, scale=0.3, interpret=True)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_alibi_matches_dot_product_attention_with_a_bias_matrix(kernel):
     q, k, v, _ = _inputs(64, 2, 32, jnp.float32)
@@ -129,13 +156,15 @@ def test_grids_hold_only_blocks_on_or_below_the_diagonal(block_q, block_k):
         assert len(pairs) == len(set(pairs)) and set(pairs) == visible
 
 
-def test_the_gpu_kernels_lower_to_triton_for_cuda_without_a_gpu():
-    spec = jax.ShapeDtypeStruct((2, 256, 3, 64), jnp.bfloat16)
+@pytest.mark.parametrize("n_kv_heads", [3, 1])
+def test_the_gpu_kernels_lower_to_triton_for_cuda_without_a_gpu(n_kv_heads):
+    q_spec = jax.ShapeDtypeStruct((2, 256, 3, 64), jnp.bfloat16)
+    kv_spec = jax.ShapeDtypeStruct((2, 256, n_kv_heads, 64), jnp.bfloat16)
     slopes = positions.alibi_slopes(3)
     attend = lambda q, k, v: jnp.sum(flash_attention_gpu.flash_attention_gpu(  # noqa: E731
         q, k, v, scale=1 / 64, alibi_slopes_H=slopes).astype(jnp.float32))
     for fn, n_kernels in ((attend, 1), (jax.grad(attend, argnums=(0, 1, 2)), 3)):
-        text = jax.jit(fn).trace(spec, spec, spec).lower(lowering_platforms=("cuda",)).as_text()
+        text = jax.jit(fn).trace(q_spec, kv_spec, kv_spec).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == n_kernels  # forward; forward, dq and dk/dv
 
 
@@ -169,6 +198,22 @@ def test_forward_and_backward_compile_for_tpu_without_a_score_matrix(tpu_devices
         assert compiled.memory_analysis().temp_size_in_bytes < scores_bytes_per_chip // 16
 
 
+@pytest.mark.parametrize("head_dim", [128, 64])  # read in place as [B, L, H·K]; transposed to [B, H, L, K]
+def test_grouped_query_attention_compiles_for_tpu(tpu_devices, head_dim):
+    mesh = Mesh(np.asarray(tpu_devices), ("b",))
+    slopes = positions.alibi_slopes(4)
+    attend = jax.shard_map(
+        lambda q, k, v: flash_attention.flash_attention(q, k, v, scale=1 / head_dim, alibi_slopes_H=slopes,
+                                                        block_q=128, block_k=128),
+        mesh=mesh, in_specs=(P("b"),) * 3, out_specs=P("b"))
+    q_spec, kv_spec = (jax.ShapeDtypeStruct((4, 512, heads, head_dim), jnp.bfloat16,
+                                            sharding=NamedSharding(mesh, P("b"))) for heads in (4, 2))
+    grad = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+    for fn, n_kernels in ((attend, 1), (grad, 3)):
+        compiled = jax.jit(fn).lower(q_spec, kv_spec, kv_spec).compile()
+        assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == n_kernels
+
+
 def test_the_model_with_flash_attention_matches_blocked_attention():
     from celerity_jax.model import transformer
     from celerity_jax.model.config import ModelConfig
@@ -184,7 +229,7 @@ def test_the_model_with_flash_attention_matches_blocked_attention():
 
 def test_the_train_step_with_flash_attention_compiles_to_pallas_kernels_for_a_tpu(tpu_devices):
     from celerity_jax import gin_config
-    from celerity_jax.aot.compile import Setting, apply_setting
+    from celerity_jax.aot.compile import StepSetting, apply_setting
     from celerity_jax.recipe import make_plan
     from celerity_jax.model.sharding import make_mesh
     from celerity_jax.train import step as step_lib
@@ -193,7 +238,7 @@ def test_the_train_step_with_flash_attention_compiles_to_pallas_kernels_for_a_tp
     configs = gin_config.parse_gin(
         [os.path.join(root, "experiments/tiny/d48.gin"), os.path.join(root, "tests/configs/smoke.gin")],
         ["ModelConfig.attention_impl = 'flash'", "ModelConfig.n_heads = 2", "ModelConfig.head_dim = 24"])
-    run = apply_setting(configs, Setting((2, 1, 2), 1, "none", False), "tpu")
+    run = apply_setting(configs, StepSetting((2, 1, 2), 1, "none", False), "tpu")
     plan = make_plan(run.model, run.recipe)
     build = step_lib.build_step(run.model, plan, run.monitor, make_mesh((2, 1, 2), devices=tpu_devices),
                                 microbatches=1, z_loss=0.0, seed=0)

@@ -1,11 +1,13 @@
+import dataclasses
 import itertools
 
 import jax
 import pytest
 
-from celerity_jax.model import transformer
+from celerity_jax.model import sharding, transformer
+from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.params import count_params, flops_per_token
+from celerity_jax.model.params import FOLDS, LAYERS, Declaration, count_params, flops_per_token
 from celerity_jax.model.presets import PRESETS
 
 
@@ -36,3 +38,29 @@ def test_flops_per_token_is_6n_plus_attention():
     assert n == 20 * 640**2 * 13 + 2 * 128256 * 640 + (2 * 13 + 1) * 640  # 20·d²·L + 2·V·d + norm gains
     assert flops_per_token(cfg, 8192) == 6 * n + 12 * 13 * 10 * 64 * 8192
     assert flops_per_token(cfg, 1024) < flops_per_token(cfg, 8192)
+
+
+@pytest.mark.parametrize("name, variant", [(name, {"scan_layers": True}) for name in sorted(PRESETS)] + [("tiny-d32", {}),
+    ("tiny-d32", {"scan_layers": True, "use_bias": True, "positions": "learned"}),
+    ("tiny-d32", {"tie_embeddings": True, "mlp": "swiglu", "n_kv_heads": 1})])
+def test_every_parameter_of_every_preset_declares_a_role_and_an_axis_per_dim(name, variant):
+    cfg = dataclasses.replace(PRESETS[name], **variant)
+    shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
+    declared = transformer.declarations(cfg)
+    assert jax.tree.structure(declared) == jax.tree.structure(shapes)
+    for d, x in zip(jax.tree.leaves(declared), jax.tree.leaves(shapes)):
+        assert isinstance(d, Declaration) and isinstance(d.role, Role)
+        assert len(d.axes) == x.ndim and all(axis in sharding.LOGICAL_RULES for axis in d.axes)
+        assert d.fold in FOLDS + (None,)
+        assert (d.axes[0] == LAYERS) == (cfg.scan_layers and d.role in (Role.HIDDEN, Role.BLOCK_VECTOR))
+
+
+def test_grouped_key_value_heads_shrink_k_and_v_only():
+    mha = dataclasses.replace(PRESETS["celerity-300m"], positions="rope")
+    gqa = dataclasses.replace(mha, n_kv_heads=2)
+    kv_saved = 2 * mha.d_model * (mha.n_heads - 2) * mha.head_dim * mha.n_layers
+    assert count_params(mha) - count_params(gqa) == kv_saved
+    assert count_params(gqa) == _real_count(gqa)
+    assert flops_per_token(mha, 1024) - flops_per_token(gqa, 1024) == 6 * kv_saved
+    k = transformer.declarations(gqa)["block_0"]["attn"]["k"]["kernel"]
+    assert k == Declaration(Role.HIDDEN, ("embed", "kv_heads"))

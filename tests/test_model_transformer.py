@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, loss, transformer
@@ -66,7 +67,7 @@ def test_attention_matches_a_plain_reference(cfg):
     """Scores scaled by forward_multipliers['attention'], ALiBi bias or RoPE, causal softmax."""
     x_BxLxD = jax.random.normal(jax.random.key(3), (2, cfg.max_seq_len, cfg.d_model))
     module = transformer.Attention(cfg)
-    p = module.init(jax.random.key(4), x_BxLxD)["params"]
+    p = nn.meta.unbox(module.init(jax.random.key(4), x_BxLxD)["params"])
     heads = lambda name: (x_BxLxD @ p[name]["kernel"]).reshape(2, cfg.max_seq_len, cfg.n_heads, cfg.head_dim)
     q, k, v = heads("q"), heads("k"), heads("v")
     pos = np.arange(cfg.max_seq_len)
@@ -111,10 +112,9 @@ def test_init_std_follows_the_multipliers():
     cfg = ModelConfig(n_layers=2, d_model=128, n_heads=2, head_dim=64, vocab_size=512, max_seq_len=8,
                       d_base=32, n_layers_base=1, use_bias=True, scan_layers=True)
     params = transformer.init_params(cfg, jax.random.key(0))
-    stds = completep.multipliers(cfg, params).init_std
-    roles = completep.param_roles(params)
-    for x, std, role in zip(jax.tree.leaves(params), jax.tree.leaves(stds),
-                            jax.tree.leaves(roles, is_leaf=lambda r: isinstance(r, completep.Role))):
+    mult = completep.multipliers(cfg, transformer.declarations(cfg))
+    stds = mult.init_std
+    for x, std, role in zip(jax.tree.leaves(params), jax.tree.leaves(stds), jax.tree.leaves(mult.role)):
         x = np.asarray(x)
         if std > 0:
             assert x.std() == pytest.approx(std, rel=0.05) and abs(x.mean()) < 0.1 * std
@@ -242,3 +242,27 @@ def test_the_residual_stream_runs_in_its_dtype():
     a, b = (transformer.apply(cfg, params, tokens) for cfg in (float32, bfloat16))
     assert not np.array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("positions, attention", [("rope", "blocked"), ("alibi", "blocked"), ("rope", "xla"),
+                                                  ("alibi", "flash")])
+def test_grouped_query_attention_is_attention_over_keys_and_values_repeated_per_group(positions, attention):
+    """n_kv_heads = 2 of 4 heads equals the 4-head model whose k and v kernels repeat each key/value head for the
+    two query heads of its group (query head h reads key/value head h // 2)."""
+    gqa = _cfg(d_model=64, n_heads=4, head_dim=16, n_kv_heads=2, positions=positions, attention_impl=attention)
+    mha = _cfg(d_model=64, n_heads=4, head_dim=16, positions=positions, attention_impl=attention)
+    params = transformer.init_params(gqa, jax.random.key(0))
+    repeat = lambda w_DxGK: jnp.repeat(w_DxGK.reshape(64, 2, 16), 2, axis=1).reshape(64, 64)  # noqa: E731
+    repeated = jax.tree.map(lambda x: x, params)
+    for i in range(gqa.n_layers):
+        for name in ("k", "v"):
+            repeated[f"block_{i}"]["attn"][name]["kernel"] = repeat(params[f"block_{i}"]["attn"][name]["kernel"])
+    assert params["block_0"]["attn"]["k"]["kernel"].shape == (64, 32)
+    tokens = _tokens(gqa)
+    np.testing.assert_allclose(np.asarray(transformer.apply(gqa, params, tokens)),
+                               np.asarray(transformer.apply(mha, repeated, tokens)), rtol=1e-5, atol=1e-5)
+
+
+def test_n_kv_heads_must_divide_n_heads():
+    with pytest.raises(ConfigError, match="n_kv_heads=3 must divide n_heads=4"):
+        _cfg(d_model=64, n_heads=4, head_dim=16, n_kv_heads=3)

@@ -16,6 +16,7 @@ M_D = 4.0  # width multiplier of the hand-made model: hidden LR and eps are 1/m_
 
 class Mults(NamedTuple):
     """Stands in for completep.Multipliers: pytrees mirroring the params."""
+    role: Any
     lr: Any
     eps: Any
     decay: Any
@@ -26,7 +27,9 @@ def _params():
                                                       "scale": jnp.ones((4,))}}
 
 
-MULTS = Mults(lr={"embed": 1.0, "block": {"kernel": 1 / M_D, "scale": 1.0}},
+MULTS = Mults(role={"embed": completep.Role.EMBEDDING,
+                    "block": {"kernel": completep.Role.HIDDEN, "scale": completep.Role.BLOCK_VECTOR}},
+              lr={"embed": 1.0, "block": {"kernel": 1 / M_D, "scale": 1.0}},
               eps={"embed": 1 / M_D, "block": {"kernel": 0.5 / M_D, "scale": 0.5 / M_D}},
               decay={"embed": True, "block": {"kernel": True, "scale": False}})
 
@@ -185,15 +188,13 @@ def test_one_update_decays_each_role_at_the_documented_rate(convention, alpha, h
     # Per-step decay η_base·lr_mult·c·λ with η_base = 0.1 and λ = 0.5; norm gains and biases do not decay.
     decay = {"embedding": 0.05, "hidden": hidden_decay, "block_vector": 0.0, "final_norm": 0.0, "unembedding": 0.05}
     params = transformer.init_params(cfg, jax.random.key(0))
-    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, transformer.declarations(cfg)))
     updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, params), optimizer.init(params), params)
     theta = optax.apply_updates(params, updates)
-    roles = completep.param_roles(params)
-    is_role = lambda r: isinstance(r, completep.Role)
-    for role, before, after in zip(jax.tree.leaves(roles, is_leaf=is_role), jax.tree.leaves(params),
-                                   jax.tree.leaves(theta)):
+    roles = jax.tree.leaves(completep.multipliers(cfg, transformer.declarations(cfg)).role)
+    for role, before, after in zip(roles, jax.tree.leaves(params), jax.tree.leaves(theta)):
         np.testing.assert_allclose(after, before * (1 - decay[role.value]), rtol=1e-6, err_msg=role.value)
-    assert {r.value for r in jax.tree.leaves(roles, is_leaf=is_role)} == set(decay)
+    assert {r.value for r in roles} == set(decay)
     assert plan.tau == pytest.approx(plan.batch_tokens / (hidden_decay * plan.tokens), rel=1e-12)
     assert float(optim.optimizer_metrics(plan, state)["tau"]) == pytest.approx(plan.tau, rel=1e-6)
 
@@ -204,7 +205,7 @@ def test_real_model_hidden_matrices_decay_at_one_over_tau_T_under_each_conventio
     plan = recipe.make_plan(cfg, recipe.RecipeConfig(tpp=2, seq_len=64, batch_seqs=16, base_lr=1e-2,
                                                       warmup_tokens=None, decay_convention=convention))
     params = transformer.init_params(cfg, jax.random.key(0))
-    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, transformer.declarations(cfg)))
     state = optimizer.init(params)
     zeros = jax.tree.map(jnp.zeros_like, params)
     update = jax.jit(optimizer.update)

@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from celerity_jax import gin_config, plan_report, recipe
+from celerity_jax import gin_config, recipe
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, params, presets
 from celerity_jax.model.config import ModelConfig
@@ -138,18 +138,6 @@ def test_width_scaled_with_a_fixed_lambda_shortens_tau_by_m_d():
     assert width_scaled.weight_decay == per_lr.weight_decay == 0.1
     assert width_scaled.tau == pytest.approx(per_lr.tau / 4, rel=1e-12)
     assert width_scaled.tau_by_role["embedding"] == pytest.approx(per_lr.tau_by_role["embedding"], rel=1e-12)
-
-
-def test_plan_text_shows_the_convention_and_each_role_tau():
-    cfg = presets.preset("celerity-300m")
-    text = plan_report.format_plan(recipe.make_plan(cfg, RecipeConfig()))
-    assert "decay convention      per_lr: every role decays at its own peak LR × λ" in text
-    assert "τ                     0.1744 = B/(η_hidden·λ·D)" in text
-    assert "τ embedding           0.06977 = B/(η_embedding·λ·D): decays 2.5× as fast" in text
-    text = plan_report.format_plan(recipe.make_plan(cfg, RecipeConfig(decay_convention="width_scaled")))
-    assert "decay convention      width_scaled: hidden matrices decay at their peak LR × m_d·λ" in text
-    assert "τ                     0.1744 = B/(η_hidden·2.5·λ·D)" in text
-    assert "τ unembedding         0.1744 = B/(η_unembedding·λ·D): decays 1× as fast" in text
 
 
 def test_fixed_weight_decay_lets_tau_follow():

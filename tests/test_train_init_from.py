@@ -18,8 +18,7 @@ def _state_at(workdir, step, configs):
     """The train state saved at `step` in `workdir`."""
     rng = jax.random.key(0)
     plan = recipe.make_plan(configs.model, configs.recipe)
-    optimizer = optim.build_optimizer(plan, completep.multipliers(configs.model, jax.eval_shape(
-        lambda: transformer.init_params(configs.model, rng))))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(configs.model, transformer.declarations(configs.model)))
     like = jax.eval_shape(lambda: step_lib.init_state(configs.model, optimizer, configs.monitor, rng))
     return checkpoint.read_checkpoint(os.path.join(workdir, "checkpoints"), step, like)[0]
 

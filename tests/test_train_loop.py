@@ -288,12 +288,3 @@ def test_in_loop_monitor_can_follow_the_eval_curve(tmp_path, tiny_configs, tiny_
     with pytest.raises(ConfigError, match="built from eval curves"):  # an eval reference for a train-curve run
         reference.reference_on_grid([str(tmp_path / "ref.json")], config.MonitorConfig(n_bins=10, smooth_bins=1),
                                     run.controls)
-
-
-@pytest.mark.parametrize("bindings, match", [
-    (("TrainConfig.eval_every = 0",), "never evaluates"),
-    (("TrainConfig.eval_every = 0", "TrainConfig.eval_points = 20"), "n_bins=50 exceeds"),
-])
-def test_a_monitor_on_the_eval_curve_needs_an_eval_in_every_bin(tiny_configs, bindings, match):
-    with pytest.raises(ConfigError, match=match):
-        tiny_configs(*bindings, "MonitorConfig.loss_curve = 'eval'")

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from celerity_jax import recipe
-from celerity_jax.aot.compile import Setting, apply_setting, slice_devices
+from celerity_jax.aot.compile import StepSetting, apply_setting, slice_devices
 from celerity_jax.errors import ConfigError
 from celerity_jax.model.sharding import make_mesh
 from celerity_jax.train import loop, memory, setup, step as step_lib
@@ -25,7 +25,7 @@ def test_out_of_memory_messages_give_the_bytes_xla_names(message, gib):
 def test_train_refuses_a_step_that_does_not_fit(tmp_path, tiny_configs, tpu_slice, too_big):
     configs = tiny_configs(*too_big)
     _, devices = slice_devices(tpu_slice)
-    run = apply_setting(configs, Setting((4, 1, 1), 1, "none", True), "tpu")
+    run = apply_setting(configs, StepSetting((4, 1, 1), 1, "none", True), "tpu")
     plan = recipe.make_plan(run.model, run.recipe)
     mesh = make_mesh((4, 1, 1), devices=devices)
     build = step_lib.build_step(run.model, plan, run.monitor, mesh, microbatches=1, z_loss=0.0, seed=0)

@@ -51,8 +51,8 @@ def test_the_setting_line_states_the_dims_the_mesh_does_not_split(tiny_configs, 
     mesh = make_mesh((1, 1, 4), devices=slice_devices(tpu_slice)[1])  # nothing is compiled
     build = step_lib.build_step(configs.model, plan, configs.monitor, mesh, microbatches=2, z_loss=0.0, seed=0)
     setting = build.setting(plan)
-    assert setting["unsplit"] == ["embed dim 0 (257) over tensor (4)", "unembed dim 1 (257) over tensor (4)"]
+    assert setting["unsplit"] == ["vocab (257) over tensor (4)"]
     assert step_lib.setting_line(setting) == (
         "mesh (data, fsdp, tensor) (1, 1, 4), 2 microbatches, remat none, scan_layers False, float32 (residual "
-        "float32), attention blocked, whole logits; kept whole, the mesh axis does not divide them: embed dim 0 (257) "
-        "over tensor (4), unembed dim 1 (257) over tensor (4)")
+        "float32), attention blocked, whole logits; kept whole, the mesh axis does not divide them: vocab (257) over "
+        "tensor (4)")

@@ -1,8 +1,8 @@
 """Compile a run's train step for a slice, on any host, and report memory, fit and XLA's estimates.
 
 The step is the one `celerity train` runs (`train.step.build_step`, `train.memory.compile_step`), with every
-"auto" model choice made for the slice's platform. A Setting overrides the four knobs that trade memory for
-speed; each compile's result is cached on disk, keyed by everything that changes the compiled program.
+"auto" model choice made for the slice's platform. A StepSetting overrides the four knobs that trade memory
+for speed; each compile's result is cached on disk, keyed by everything that changes the compiled program.
 """
 
 import contextlib
@@ -25,20 +25,21 @@ ESTIMATE_NOTE = ("est_* values are XLA's cost-model estimates for the compiled p
 
 
 @dataclasses.dataclass(frozen=True)
-class Setting:
+class StepSetting:
+    """The four knobs of a train step that trade memory for speed: what a search tries and a compile applies."""
     mesh_shape: tuple[int, int, int]
     microbatches: int
     remat: str
     scan_layers: bool
 
     @classmethod
-    def of(cls, configs) -> "Setting":
+    def of(cls, configs) -> "StepSetting":
         return cls(tuple(configs.train.mesh_shape), configs.train.microbatches, configs.model.remat,
                    configs.model.scan_layers)
 
     @classmethod
-    def of_report(cls, report: dict) -> "Setting":
-        """The setting of a compile report, or of a search's row."""
+    def of_report(cls, report: dict) -> "StepSetting":
+        """The setting of a compile report, or of a search row's JSON."""
         return cls(tuple(report["mesh_shape"]), report["microbatches"], report["remat"], report["scan_layers"])
 
     def gin_params(self) -> list[str]:
@@ -52,7 +53,7 @@ def slice_devices(name: str) -> tuple[accelerators.Slice, list]:
     return slice_, accelerators.compile_devices(slice_)
 
 
-def apply_setting(configs, setting: Setting, platform: str):
+def apply_setting(configs, setting: StepSetting, platform: str):
     """The run's configs with the setting applied and "auto" resolved for `platform`."""
     model = dataclasses.replace(configs.model.for_platform(platform), remat=setting.remat,
                                 scan_layers=setting.scan_layers)
@@ -69,7 +70,7 @@ class Target:
     mesh: Any
 
     @classmethod
-    def of(cls, configs, topology: str, setting: Setting) -> "Target":
+    def of(cls, configs, topology: str, setting: StepSetting) -> "Target":
         slice_, devices = slice_devices(topology)
         run = apply_setting(configs, setting, slice_.chip.platform)
         return cls(slice_, run, recipe.make_plan(run.model, run.recipe),
@@ -97,7 +98,7 @@ def without_persistent_cache():
         jax.config.update("jax_enable_compilation_cache", enabled)
 
 
-def compile_report(configs, topology: str, setting: Setting | None = None, *, cache: Cache = Cache(None),
+def compile_report(configs, topology: str, setting: StepSetting | None = None, *, cache: Cache = Cache(None),
                    estimates: str = "fits") -> dict:
     """Compiles the train step of `configs` (with `setting`, default: the configs' own) for the slice `topology`.
 
@@ -108,12 +109,12 @@ def compile_report(configs, topology: str, setting: Setting | None = None, *, ca
     fits and the memory are then None)."""
     with without_persistent_cache():
         try:
-            return _compile_report(configs, topology, setting or Setting.of(configs), cache, estimates)
+            return _compile_report(configs, topology, setting or StepSetting.of(configs), cache, estimates)
         except jax.errors.JaxRuntimeError as e:
             raise ConfigError(f"XLA could not compile the step for {topology}: {' '.join(str(e).split())[:300]}") from None
 
 
-def _compile_report(configs, topology: str, setting: Setting, cache: Cache, estimates: str) -> dict:
+def _compile_report(configs, topology: str, setting: StepSetting, cache: Cache, estimates: str) -> dict:
     target = Target.of(configs, topology, setting)
     slice_, run, plan, mesh = target.slice_, target.run, target.plan, target.mesh
     setting = dataclasses.replace(setting, mesh_shape=tuple(mesh.shape[axis] for axis in sharding.MESH_AXES))
@@ -145,23 +146,40 @@ def _compile_report(configs, topology: str, setting: Setting, cache: Cache, esti
     return report
 
 
-def estimate_pieces(configs, topology: str, setting: Setting) -> list[tuple]:
-    """The loop-free compiles behind the setting's step-time estimate: ("update",) and ("gradient", n_layers,
-    loss_unroll) each; `compile_piece` compiles one into the cache, so that they can run side by side."""
+@dataclasses.dataclass(frozen=True)
+class UpdatePiece:
+    """The update of one step: the same program for every microbatch count and remat of a mesh."""
+
+    def compile(self, t: Target, cache: Cache) -> None:
+        estimate.update_cost(t.build(), t.plan, t.mesh, cache, t.slice_.target)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientPiece:
+    """The gradient of one microbatch at depth `n_layers`, layers unrolled, `loss_unroll` loss chunks per
+    iteration of its loop (`estimate.gradient_piece`)."""
+    n_layers: int
+    loss_unroll: int
+
+    def compile(self, t: Target, cache: Cache) -> None:
+        estimate.gradient_piece(t.run.model, t.micro_seqs, t.plan.seq_len, t.mesh, t.run.train.z_loss, cache,
+                                t.slice_.target, self.n_layers, self.loss_unroll)
+
+
+def estimate_pieces(configs, topology: str, setting: StepSetting) -> list[UpdatePiece | GradientPiece]:
+    """The loop-free compiles behind the setting's step-time estimate; `compile_piece` compiles one into the
+    cache, so that they can run side by side."""
     target = Target.of(configs, topology, setting)
-    return [("update",)] + [("gradient", *piece) for piece in estimate.gradient_pieces(
+    return [UpdatePiece()] + [GradientPiece(*piece) for piece in estimate.gradient_pieces(
         target.run.model, target.micro_seqs, target.plan.seq_len, target.mesh)]
 
 
-def compile_piece(configs, topology: str, setting: Setting, piece: tuple, cache: Cache) -> None:
+def compile_piece(configs, topology: str, setting: StepSetting, piece: UpdatePiece | GradientPiece,
+                  cache: Cache) -> None:
     """Compiles one of `estimate_pieces` into `cache`."""
-    t = Target.of(configs, topology, setting)
+    target = Target.of(configs, topology, setting)
     with without_persistent_cache():
-        if piece[0] == "update":
-            estimate.update_cost(t.build(), t.plan, t.mesh, cache, t.slice_.target)
-        else:
-            estimate.gradient_piece(t.run.model, t.micro_seqs, t.plan.seq_len, t.mesh, t.run.train.z_loss, cache,
-                                    t.slice_.target, *piece[1:])
+        piece.compile(target, cache)
 
 
 def _compile_step(lowered) -> dict:

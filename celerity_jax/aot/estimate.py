@@ -28,7 +28,7 @@ import jax
 
 from celerity_jax.accelerators import libtpu_version
 from celerity_jax.aot.cache import Cache
-from celerity_jax.model import loss, sharding, transformer
+from celerity_jax.model import completep, loss, sharding, transformer
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.train import step as step_lib
 
@@ -112,7 +112,7 @@ def _loss_chunks(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh) ->
 
 def _lower_gradient(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh, z_loss: float, loss_unroll: int = 1):
     abstract = jax.eval_shape(lambda: transformer.init_params(model_cfg, jax.random.key(0)))
-    param_sh = sharding.param_shardings(abstract, mesh)
+    param_sh = sharding.param_shardings(transformer.declarations(model_cfg), abstract, mesh)
     batch_sh = sharding.batch_sharding(mesh)
     gradients = jax.jit(step_lib.make_gradients(model_cfg, microbatches=1, z_loss=z_loss, loss_unroll=loss_unroll),
                         in_shardings=(param_sh, batch_sh), out_shardings=(param_sh, None))
@@ -125,7 +125,8 @@ def _lower_gradient(model_cfg: ModelConfig, micro_seqs: int, seq_len: int, mesh,
 def update_cost(build: step_lib.StepBuild, plan, mesh, cache: Cache, target: str) -> dict[str, float] | None:
     """Per-chip cost of the update of one step (optimizer, non-finite guard, monitor, metrics)."""
     state_sh, replicated = build.state_shardings, sharding.replicated(mesh)
-    update = jax.jit(lambda state, grads, ce: step_lib.apply_gradients(plan, build.optimizer, state, grads, ce),
+    roles = completep.multipliers(build.model_cfg, transformer.declarations(build.model_cfg)).role
+    update = jax.jit(lambda state, grads, ce: step_lib.apply_gradients(plan, build.optimizer, roles, state, grads, ce),
                      in_shardings=(state_sh, state_sh.params, replicated), out_shardings=(state_sh, None))
     state, _ = build.abstract_inputs(plan.batch_seqs, plan.seq_len)
     lowered = update.lower(state, state.params, jax.ShapeDtypeStruct((), "float32", sharding=replicated))

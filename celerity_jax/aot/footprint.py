@@ -25,7 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from celerity_jax.aot.compile import Setting, Target
+from celerity_jax.aot.compile import StepSetting, Target
 from celerity_jax.model import loss, sharding, transformer
 from celerity_jax.train import step as step_lib
 
@@ -73,7 +73,7 @@ def footprint(cfg, mesh, *, microbatches: int, micro_seqs: int, seq_len: int,
                      rest=max(2 * one - two, 0.0), working=working)
 
 
-def of_setting(configs, topology: str, setting: Setting) -> Footprint:
+def of_setting(configs, topology: str, setting: StepSetting) -> Footprint:
     """The footprint of the run `configs` on the slice `topology` with `setting`, as `celerity compile` would
     build its step."""
     target = Target.of(configs, topology, setting)

@@ -2,7 +2,8 @@
 
 import os
 
-from celerity_jax.aot.compile import Setting
+from celerity_jax.aot.compile import StepSetting
+from celerity_jax.aot.row import Row
 from celerity_jax.errors import ConfigError
 from celerity_jax.train.memory import fix_hint
 from celerity_jax.train.step import setting_line
@@ -18,10 +19,10 @@ def check_writable(directory: str, what: str) -> None:
         raise ConfigError(f"{what}: {directory!r} is not writable; pass a writable path")
 
 
-def nothing_fits(tried: list[dict]) -> str:
+def nothing_fits(tried: list[Row]) -> str:
     """Why a search found no setting, and what to change."""
-    if tried and all("does not split" in r.get("skipped", "") for r in tried):
-        return (f"{tried[0]['skipped']} (nor over any other mesh of this slice): choose a slice whose chip count "
+    if tried and all("does not split" in (r.skipped or "") for r in tried):
+        return (f"{tried[0].skipped} (nor over any other mesh of this slice): choose a slice whose chip count "
                 "divides the batch, or change RecipeConfig.batch_seqs")
     return "no setting tried fits with 10% headroom: try a larger slice (or a shorter RecipeConfig.seq_len)"
 
@@ -35,7 +36,7 @@ def calibrated_line(cal: dict, steps: int) -> str:
 
 
 def format_report(report: dict) -> str:
-    """A compile report (`aot.compile.compile_report`, or a search's best) as aligned lines."""
+    """A compile report (`aot.compile.compile_report`, or the JSON of a search's best row) as aligned lines."""
     if "mesh_shape" not in report:
         return f"nothing fits: {report['error']}"
     if report.get("by_model"):
@@ -64,7 +65,7 @@ def format_report(report: dict) -> str:
 
 def _uncompiled(report: dict) -> str:
     """A search's best so far that only the footprint model has sized: the search stopped before compiling it."""
-    setting = Setting.of_report(report)
+    setting = StepSetting.of_report(report)
     lines = [f"setting   mesh (data, fsdp, tensor) {setting.mesh_shape}, {setting.microbatches} microbatches, "
              f"remat {setting.remat}, scan_layers {setting.scan_layers}",
              f"memory    {report['model_bytes'] / 1e9:.1f} GB per chip by the footprint model; the search stopped "

@@ -4,15 +4,16 @@ sure and the step is compiled where it is not; a size that fits is followed by t
 not by the next size down, and the largest that fits is settled, to be estimated."""
 
 import collections
+import dataclasses
 import itertools
 
 from celerity_jax import accelerators
 from celerity_jax.aot import footprint
-from celerity_jax.aot.compile import Setting, Target, apply_setting, slice_devices
+from celerity_jax.aot.compile import StepSetting, Target, apply_setting, slice_devices
+from celerity_jax.aot.row import MIN_HEADROOM, Row, Verdict, usable
 from celerity_jax.model import sharding
 from celerity_jax.model.config import REMATS
 
-MIN_HEADROOM = 0.10
 # The footprint model has been within these factors of XLA's bytes on the Celerity configs
 # (docs/results/compile.md): a size it puts under limit / SURE_FITS fits, one over SLACK × limit does not; a size
 # in between is compiled. A setting the model alone says fits is compiled when it leads, before it is chosen.
@@ -20,21 +21,10 @@ SURE_FITS = 1.6
 SLACK = 1.2
 
 
-def usable(report: dict) -> bool:
-    return bool(report.get("fits")) and (report.get("headroom") or 0) >= MIN_HEADROOM
-
-
 def microbatch_seqs(per_shard: int) -> list[int]:
     """Sequences per data shard in one microbatch: powers of two that divide the shard's batch, then all of it."""
     sizes = [s for s in (2**i for i in range(12)) if s < per_shard and per_shard % s == 0]
     return sizes + [per_shard]
-
-
-def new_row(setting: Setting, **fields) -> dict:
-    """A row of `tried` for a setting nothing has compiled yet."""
-    return {"mesh_shape": list(setting.mesh_shape), "microbatches": setting.microbatches, "remat": setting.remat,
-            "scan_layers": setting.scan_layers, "fits": False, "bytes_per_chip": None, "model_bytes": None,
-            "headroom": None, "est_step_seconds": None, "est_mfu": None, **fields}
 
 
 class MeshWalk:
@@ -56,21 +46,21 @@ class MeshWalk:
         self.per_shard = plan.batch_seqs // sharding.data_shards(self.mesh)
         self.sizes = microbatch_seqs(self.per_shard)
         self.tops = tops or {}
-        self.state = footprint.state_bytes(Target.of(configs, topology, Setting(self.mesh_shape, 2, "none",
-                                                                                  True)).build())
+        self.state = footprint.state_bytes(
+            Target.of(configs, topology, StepSetting(self.mesh_shape, 2, "none", True)).build())
         self.remats = collections.deque(remats)
         self.floor = floor  # index of the largest size that fits with less remat
         self.floors: dict[str, int] = {}  # remat -> the floor it walked above
         self.fits_at: dict[str, int] = {}  # remat -> the index it settled at
         self.ratio = ratio  # XLA's bytes over the model's, at the mesh's last compile
-        self.fit: dict[int, dict] = {}  # index -> the row of a size that fits, this remat
+        self.fit: dict[int, Row] = {}  # index -> the row of a size that fits, this remat
         self.decided: set[int] = set()
-        self.rows: list[dict] = []  # decided by the model, to be logged
-        self.settled: list[dict] = []  # the largest fitting size of each remat, to be estimated
+        self.rows: list[Row] = []  # decided by the model or a step compile, to be logged
+        self.settled: list[Row] = []  # the largest fitting size of each remat, to be estimated
         self.compile_index = self._walk(self._first_index())
 
-    def setting(self, index: int) -> Setting:
-        return Setting(self.mesh_shape, self.per_shard // self.sizes[index], self.remats[0], True)
+    def setting(self, index: int) -> StepSetting:
+        return StepSetting(self.mesh_shape, self.per_shard // self.sizes[index], self.remats[0], True)
 
     def model_bytes(self, index: int) -> float:
         run = apply_setting(self.configs, self.setting(index), self.platform)
@@ -78,13 +68,15 @@ class MeshWalk:
                                    micro_seqs=self.plan.batch_seqs * self.sizes[index] // self.per_shard,
                                    seq_len=self.plan.seq_len, state=self.state).total
 
-    def _verdict(self, index: int) -> str:
+    def _verdict(self, index: int) -> Verdict:
         scaled = self.model_bytes(index) * self.ratio
-        return "fits" if scaled * SURE_FITS <= self.limit else "no" if scaled > SLACK * self.limit else "compile"
+        if scaled * SURE_FITS <= self.limit:
+            return Verdict.FITS
+        return Verdict.TOO_BIG if scaled > SLACK * self.limit else Verdict.UNSURE
 
     def _first_index(self) -> int | None:
         above = range(self.floor + 1, self._top())
-        maybe = [i for i in above if self._verdict(i) != "no"]
+        maybe = [i for i in above if self._verdict(i) != Verdict.TOO_BIG]
         return maybe[-1] if maybe else (above[0] if above else None)
 
     def _walk(self, index: int | None) -> int | None:
@@ -96,15 +88,15 @@ class MeshWalk:
                 index = self._first_index() if self.remats else None
                 continue
             verdict = self._verdict(index)
-            if verdict == "compile":
+            if verdict == Verdict.UNSURE:
                 return index
             self.decided.add(index)
-            row = new_row(self.setting(index), model_bytes=self.model_bytes(index), by_model=verdict)
+            row = Row(self.setting(index), model_bytes=self.model_bytes(index), by_model=verdict)
             self.rows.append(row)
-            index = self._next(index, verdict == "fits", row)
+            index = self._next(index, verdict == Verdict.FITS, row)
         return None
 
-    def _next(self, index: int, fits: bool, row: dict) -> int | None:
+    def _next(self, index: int, fits: bool, row: Row) -> int | None:
         if fits:
             self.fit[index] = row
             up = index + 1
@@ -123,20 +115,21 @@ class MeshWalk:
         self.remats.popleft()
         self.fit, self.decided = {}, set()
 
-    def below(self, report: dict) -> "MeshWalk":
+    def below(self, row: Row) -> "MeshWalk":
         """The walk again under a setting this walk settled by the model that XLA's compile says does not fit,
         with the model scaled by XLA's bytes there: its remat under its size, then each more remat that settled
         nothing here up to its size (above it, this walk has decided them)."""
-        remat, index = report["remat"], self.sizes.index(self.per_shard // report["microbatches"])
+        remat, index = row.setting.remat, self.sizes.index(self.per_shard // row.setting.microbatches)
         more = itertools.takewhile(lambda r: r not in self.fits_at, REMATS[REMATS.index(remat) + 1:])
         tops = {remat: index, **{r: index + 1 for r in more}}
         return MeshWalk(self.configs, self.topology, self.mesh_shape, self.plan, remats=tuple(tops),
-                         floor=self.floors[remat], tops=tops, ratio=report["bytes_per_chip"] / report["model_bytes"])
+                         floor=self.floors[remat], tops=tops, ratio=row.bytes_per_chip / row.model_bytes)
 
-    def record(self, index: int, report: dict):
-        """Takes the step compile at `index` and walks on."""
+    def record(self, index: int, row: Row):
+        """Takes the row of the step compile at `index`, with the model's bytes added, and walks on."""
         self.decided.add(index)
-        report["model_bytes"] = self.model_bytes(index)
-        if report.get("bytes_per_chip"):
-            self.ratio = report["bytes_per_chip"] / report["model_bytes"]
-        self.compile_index = self._walk(self._next(index, usable(report), report))
+        row = dataclasses.replace(row, model_bytes=self.model_bytes(index))
+        if row.bytes_per_chip:
+            self.ratio = row.bytes_per_chip / row.model_bytes
+        self.rows.append(row)
+        self.compile_index = self._walk(self._next(index, usable(row), row))

@@ -1,11 +1,8 @@
-"""The compiles of `celerity compile --search`, in this process or in a pool of worker processes.
-
-A task is ("step" | "estimate" | "estimate only", configs, topology, setting, cache_dir): a compile report (the
-step's memory; with the estimate; the estimate without compiling the step), or ("piece", configs, topology,
-setting, cache_dir, piece): one piece of an estimate compiled into the cache (`aot.compile.compile_piece`).
-"""
+"""The compiles of `celerity compile --search`, in this process or in a pool of worker processes: a task is a
+compile report of a step (`StepTask`) or one piece of an estimate compiled into the cache (`PieceTask`)."""
 
 import ctypes
+import dataclasses
 import heapq
 import itertools
 import multiprocessing
@@ -13,19 +10,48 @@ import os
 import queue
 import signal
 import sys
+from typing import Any, ClassVar
 
 from celerity_jax.aot.cache import Cache
-from celerity_jax.aot.compile import compile_piece, compile_report
+from celerity_jax.aot.compile import GradientPiece, StepSetting, UpdatePiece, compile_piece, compile_report
 from celerity_jax.errors import ConfigError
 
-ESTIMATES = {"step": "never", "estimate": "fits", "estimate only": "only"}
+
+@dataclasses.dataclass(frozen=True)
+class StepTask:
+    """A compile report (`aot.compile.compile_report`) of the step with `setting`; `estimates` as there:
+    "never" (the step's memory), "fits" (with the estimate) or "only" (the estimate without compiling the step)."""
+    configs: Any
+    topology: str
+    setting: StepSetting
+    cache_dir: str | None
+    estimates: str
+
+    @property
+    def urgency(self) -> int:
+        return 0 if self.estimates == "never" else 1  # the step compiles that decide a walk come first
+
+    def run(self) -> dict:
+        return compile_report(self.configs, self.topology, self.setting, cache=Cache(self.cache_dir),
+                              estimates=self.estimates)
 
 
-def run_task(task):
-    kind, configs, topology, setting, cache_dir, *piece = task
-    if kind == "piece":
-        return compile_piece(configs, topology, setting, piece[0], Cache(cache_dir))
-    return compile_report(configs, topology, setting, cache=Cache(cache_dir), estimates=ESTIMATES[kind])
+@dataclasses.dataclass(frozen=True)
+class PieceTask:
+    """One piece of the estimate of the step with `setting`, compiled into the cache."""
+    configs: Any
+    topology: str
+    setting: StepSetting
+    cache_dir: str | None
+    piece: UpdatePiece | GradientPiece
+    urgency: ClassVar[int] = 2
+
+    def run(self) -> None:
+        compile_piece(self.configs, self.topology, self.setting, self.piece, Cache(self.cache_dir))
+
+
+def run_task(task: StepTask | PieceTask):
+    return task.run()
 
 
 PR_SET_PDEATHSIG = 1
@@ -55,20 +81,18 @@ class Compiler:
     the short ones that finish an estimate, then the estimates' pieces. A compile that raises gives
     `failed(setting, exception)` as its result (in this process: a ConfigError only)."""
 
-    URGENCY = {"step": 0, "check": 1, "estimate": 1, "piece": 2}
-
     def __init__(self, jobs: int, failed):
         self.results = queue.Queue()
-        self.waiting: list[tuple[int, int, tuple, tuple]] = []
+        self.waiting: list[tuple[int, int, Any, StepTask | PieceTask]] = []
         self.jobs, self.in_flight, self.running, self.order = jobs, 0, 0, itertools.count()
         self.failed = failed
         self.pool = (multiprocessing.get_context("spawn").Pool(jobs, initializer=_start_worker) if jobs > 1
                      else None)
 
-    def submit(self, tag, task):
-        """Queues `task`; its result comes back from `next` with `tag`, whose first item is its urgency's key."""
+    def submit(self, task: StepTask | PieceTask, tag):
+        """Queues `task`; its result comes back from `next` with `tag`."""
         self.running += 1
-        heapq.heappush(self.waiting, (self.URGENCY[tag[0]], next(self.order), tag, task))
+        heapq.heappush(self.waiting, (task.urgency, next(self.order), tag, task))
         self._fill()
 
     def _fill(self):
@@ -77,7 +101,7 @@ class Compiler:
             self.in_flight += 1
             self.pool.apply_async(run_task, (task,), callback=lambda r, tag=tag: self.results.put((tag, r)),
                                   error_callback=lambda e, tag=tag, task=task: self.results.put(
-                                      (tag, self.failed(task[3], e))))
+                                      (tag, self.failed(task.setting, e))))
 
     def next(self, timeout: float | None):
         """(tag, result) of a finished compile; queue.Empty after `timeout` seconds."""
@@ -86,7 +110,7 @@ class Compiler:
             try:
                 result = run_task(task)
             except ConfigError as e:
-                result = self.failed(task[3], e)
+                result = self.failed(task.setting, e)
             self.results.put((tag, result))
         tag, result = self.results.get(timeout=timeout)
         self.running -= 1

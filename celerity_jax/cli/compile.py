@@ -56,11 +56,11 @@ def compile_command(args) -> int:
     if args.search:
         found = search(configs, args.topology, cache=cache, jobs=args.jobs or os.cpu_count() or 1,
                        budget_seconds=None if args.budget is None else 60 * args.budget, log=log)
-        report = dict(found.best) if found.best else {"fits": False, "error": (
+        report = found.best.to_json() if found.best else {"fits": False, "error": (
             "the search stopped before any setting was found to fit; rerun with a larger --budget (what it "
             "compiled is cached)" if found.stopped else nothing_fits(found.tried))}
-        report.update(tried=found.tried, search={"stopped": found.stopped, "seconds": found.seconds,
-                                                 "compiles": found.compiles})
+        report.update(tried=[row.to_json() for row in found.tried],
+                      search={"stopped": found.stopped, "seconds": found.seconds, "compiles": found.compiles})
         log(search_summary(found))
     else:
         report = compile_report(configs, args.topology, cache=cache)

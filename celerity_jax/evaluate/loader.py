@@ -1,13 +1,15 @@
 """A model from a run directory: its parameters at a saved step (without the optimizer state), its ModelConfig
 and its tokenizer, on a device mesh. Sampling, scoring, the harness and the Hugging Face export start here."""
 
+import ast
 import dataclasses
 import json
 import os
+import re
 
 import jax
 
-from celerity_jax import gin_config, rundir
+from celerity_jax import rundir
 from celerity_jax.data.config import DataConfig
 from celerity_jax.data.tokenizer import load_tokenizer
 from celerity_jax.errors import ConfigError
@@ -77,9 +79,24 @@ def run_tokenizer(identity: dict, workdir: str):
 
 
 def run_mesh(workdir: str) -> jax.sharding.Mesh:
-    """The mesh shape the run trained with (its config.gin's TrainConfig.mesh_shape), over this host's devices."""
+    """The mesh shape the run trained with, over this host's devices. Its plan and identity leave out how it ran
+    (TrainConfig, which may change when a run resumes), so the shape is the TrainConfig.mesh_shape line of the
+    config.gin its last start wrote, read as text: parsing the file with gin would replace the caller's gin
+    configuration. A run trained through the library without an operative config has no config.gin; it loads
+    data-parallel over every device."""
     path = os.path.join(workdir, rundir.CONFIG_GIN)
-    shape = gin_config.parse_gin([path]).train.mesh_shape if os.path.isfile(path) else (-1, 1, 1)
+    if not os.path.exists(path):
+        return sharding.make_mesh((-1, 1, 1))
+    try:
+        with open(path) as f:
+            line = re.search(r"^TrainConfig\.mesh_shape\s*=(.*)$", f.read(), re.MULTILINE)
+        shape = ast.literal_eval(line.group(1).strip()) if line else None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ConfigError(f"cannot read the run's mesh shape from {path} ({e}); --workdir must be a run directory "
+                          "written by `celerity train`") from None
+    if not (isinstance(shape, tuple) and len(shape) == 3 and all(type(size) is int for size in shape)):
+        raise ConfigError(f"{path} records no mesh shape (a line `TrainConfig.mesh_shape = (data, fsdp, tensor)`); "
+                          "put back the config.gin the run wrote")
     return sharding.make_mesh(shape)
 
 
@@ -95,7 +112,7 @@ def load_model(workdir: str, step: int | None = None, mesh: jax.sharding.Mesh | 
     step = saved_step(workdir, step)
     mesh = mesh or run_mesh(workdir)
     abstract = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
-    like = sharding.with_shardings(abstract, sharding.param_shardings(abstract, mesh))
+    like = sharding.with_shardings(abstract, sharding.param_shardings(transformer.declarations(cfg), abstract, mesh))
     params = checkpoint.read_params(os.path.join(workdir, rundir.CHECKPOINTS), step, like)
     cfg, params = transformer.unstack_layers(cfg, params)
     return LoadedModel(workdir, step, cfg, params, tokenizer, mesh, plan, identity)

@@ -13,6 +13,7 @@ class CelerityConfig(PretrainedConfig):
     hidden_size: int = 640
     num_hidden_layers: int = 13
     num_attention_heads: int = 10
+    num_key_value_heads: int | None = None  # None: num_attention_heads (no grouping)
     head_dim: int = 64
     intermediate_size: int = 5120
     max_position_embeddings: int = 8192

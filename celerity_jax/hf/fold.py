@@ -2,7 +2,7 @@
 
 Our forward multiplies the embedding output by α_input, each residual branch by m_L^−α, the logits by α_output/m_d
 and the scores by the attention scale; a stock decoder multiplies by nothing but 1/sqrt(head_dim). Each multiplier
-c goes into the parameters that feed it linearly:
+c goes into the parameters that feed it linearly, as each parameter declares (`params.Declaration.fold`):
 
 | leaf                                   | c                                  |
 |----------------------------------------|------------------------------------|
@@ -21,13 +21,17 @@ records, per such leaf, one bit per value saying which of the two it was (`lost_
 unchanged weights is exact.
 """
 
+import dataclasses
+import functools
 import hashlib
 import math
 
 import numpy as np
 
-from celerity_jax.model import completep
+from celerity_jax.model import completep, transformer
+from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
+from celerity_jax.model.params import Declaration
 
 LOST_BITS = "celerity_unfold.npz"  # the export's file of lost bits (`save_lost_bits`)
 # Neighbours of fl32(y/c) that the unfold tries, in ulps, nearest first.
@@ -41,30 +45,50 @@ def constants(cfg: ModelConfig) -> dict[str, float]:
             "residual": mult["residual"], "output": mult["output"]}
 
 
+@functools.cache
+def declarations(cfg: ModelConfig) -> dict[str, Declaration]:
+    """{flat path: Declaration} of the unscanned parameters of `cfg`, and of the `unembed` that a tied model's
+    export adds (the embedding's transpose, which feeds the logits)."""
+    flat = flat_tree(transformer.declarations(dataclasses.replace(cfg, scan_layers=False)))
+    if cfg.tie_embeddings:
+        flat[tied_unembed(cfg)] = Declaration(Role.UNEMBEDDING, ("embed", "vocab"), "output")
+    return flat
+
+
+@functools.cache
+def token_embedding(cfg: ModelConfig) -> str:
+    """The flat path of the token embedding: the one parameter with a vocab × embed layout."""
+    return next(p for p, d in flat_tree(transformer.declarations(dataclasses.replace(cfg, scan_layers=False))).items()
+                if d.axes == ("vocab", "embed"))
+
+
+@functools.cache
+def tied_unembed(cfg: ModelConfig) -> str:
+    """The flat path under which a tied model's export holds the unembedding (the untied model's own path)."""
+    untied = dataclasses.replace(cfg, tie_embeddings=False, scan_layers=False)
+    return next(p for p, d in flat_tree(transformer.declarations(untied)).items() if d.role is Role.UNEMBEDDING)
+
+
 def leaf_factor(cfg: ModelConfig, path: str) -> float:
-    """The factor folded into the leaf at `path` ("block_0/attn/q/kernel", ..., "unembed")."""
-    c = constants(cfg)
-    keys = path.split("/")
-    if keys[0] in ("embed", "pos_embed"):
-        return c["input"]
-    if keys[0] == "unembed":
-        return c["output"]
-    if keys[0].startswith("block_") and keys[1:3] == ["attn", "q"]:
-        return c["query"]
-    if keys[0].startswith("block_") and keys[1:3] in (["attn", "o"], ["mlp", "down"]):
-        return c["residual"]
-    return 1.0
+    """The factor folded into the leaf at `path` ("block_0/attn/q/kernel", ...), as its declaration says."""
+    fold_name = declarations(cfg)[path].fold
+    return 1.0 if fold_name is None else constants(cfg)[fold_name]
 
 
-def flatten(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
-    """{"block_0/attn/q/kernel": float32 array, ...} of an (unscanned) parameter tree."""
+def flat_tree(tree: dict, prefix: str = "") -> dict:
+    """{"block_0/attn/q/kernel": leaf, ...} of a nested dict."""
     out = {}
-    for key, value in params.items():
+    for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}/"))
+            out.update(flat_tree(value, f"{prefix}{key}/"))
         else:
-            out[f"{prefix}{key}"] = np.asarray(value, np.float32)
+            out[f"{prefix}{key}"] = value
     return out
+
+
+def flatten(params: dict) -> dict[str, np.ndarray]:
+    """{"block_0/attn/q/kernel": float32 array, ...} of an (unscanned) parameter tree."""
+    return {path: np.asarray(value, np.float32) for path, value in flat_tree(params).items()}
 
 
 def unflatten(flat: dict[str, np.ndarray]) -> dict:
@@ -87,7 +111,7 @@ def fold(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     """Flat float32 leaves with every multiplier folded in, and always an `unembed` (the embedding, when tied)."""
     flat = flatten(params)
     if cfg.tie_embeddings:
-        flat["unembed"] = flat["embed"].T
+        flat[tied_unembed(cfg)] = flat[token_embedding(cfg)].T
     return {path: fold_array(x, leaf_factor(cfg, path)) for path, x in flat.items()}
 
 
@@ -117,8 +141,8 @@ def unfold_array(stored: list[tuple[np.ndarray, float]], second: np.ndarray | No
 def _stored(cfg: ModelConfig, folded: dict[str, np.ndarray], path: str) -> list[tuple[np.ndarray, float]]:
     """The folded values a leaf of the parameters is recovered from: its own, and lm_head's for a tied embedding."""
     stored = [(folded[path], leaf_factor(cfg, path))]
-    if path == "embed" and cfg.tie_embeddings and "unembed" in folded:
-        stored.append((folded["unembed"].T, leaf_factor(cfg, "unembed")))
+    if cfg.tie_embeddings and path == token_embedding(cfg) and tied_unembed(cfg) in folded:
+        stored.append((folded[tied_unembed(cfg)].T, leaf_factor(cfg, tied_unembed(cfg))))
     return stored
 
 
@@ -127,7 +151,7 @@ def unfold(cfg: ModelConfig, folded: dict[str, np.ndarray],
     """The flat parameters of `cfg` from folded leaves (an `unembed` among them is optional when tied); `lost` maps
     a path to its `second` mask (see `lost_bits`)."""
     return {path: unfold_array(_stored(cfg, folded, path), (lost or {}).get(path))
-            for path in folded if not (path == "unembed" and cfg.tie_embeddings)}
+            for path in folded if not (cfg.tie_embeddings and path == tied_unembed(cfg))}
 
 
 def lost_bits(cfg: ModelConfig, params: dict, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -3,11 +3,12 @@
 Folders read: our own exports (config.json's `celerity_model` is the run's ModelConfig; the weights are unfolded
 with its multipliers, see fold.py), and stock `llama` and `gpt_neox` models whose forward a ModelConfig computes
 exactly: parametrization 'standard' with α_input = α_output = 1 and d_base, n_layers_base = the model's own width and
-depth, so every multiplier is 1 but the stock 1/sqrt(head_dim). Anything else (grouped-query attention, partial
+depth, so every multiplier is 1 but the stock 1/sqrt(head_dim). Anything else (partial
 rotary, RoPE scaling, parallel residuals, biases on some projections only, another activation) is refused, naming
-the config field.
+the config field. Llama's grouped-query attention (num_key_value_heads < num_attention_heads) is ModelConfig's
+n_kv_heads.
 
-The run directory (`write_run`) holds what `celerity eval`, `celerity sample` and TrainConfig.init_from read:
+The run directory (`import_folder`, through `run_start.write`) holds what `celerity eval`, `celerity sample` and TrainConfig.init_from read:
 run.json and plan.json of the run it describes (the gin files given, with the model and tokenizer of the folder),
 config.gin, model.gin (the ModelConfig and tokenizer bindings, to layer onto a training run's gin files), the
 tokenizer file, and a checkpoint at step 0: the imported parameters, a fresh optimizer state (zero moments), an
@@ -79,8 +80,9 @@ def _stock(hf: dict, **fields) -> ModelConfig:
 
 def _llama(hf: dict) -> ModelConfig:
     heads = hf["num_attention_heads"]
-    if hf.get("num_key_value_heads", heads) not in (None, heads):
-        _refuse(hf, "num_key_value_heads", f"differs from num_attention_heads={heads} (grouped-query attention)")
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        _refuse(hf, "num_key_value_heads", f"does not divide num_attention_heads={heads}")
     if hf.get("head_dim") not in (None, hf["hidden_size"] // heads):
         _refuse(hf, "head_dim", "is not hidden_size / num_attention_heads")
     if hf.get("hidden_act", "silu") != "silu":
@@ -89,7 +91,8 @@ def _llama(hf: dict) -> ModelConfig:
         _refuse(hf, "attention_bias", f"differs from mlp_bias={hf.get('mlp_bias', False)} (biases on some "
                                       "projections only)")
     return _stock(hf, norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), mlp="swiglu",
-                  rope_theta=_rope(hf, 1.0), use_bias=bool(hf.get("attention_bias", False)))
+                  rope_theta=_rope(hf, 1.0), use_bias=bool(hf.get("attention_bias", False)),
+                  n_kv_heads=None if kv_heads == heads else kv_heads)
 
 
 def _gpt_neox(hf: dict) -> ModelConfig:
@@ -212,7 +215,7 @@ def tokenizer_spec(folder: str, hf: dict) -> tuple[str, str, str | None]:
 
 def import_folder(folder: str, out: str, gin_files=(), gin_params=()) -> dict:
     """Reads the folder and writes the run directory `out` (new or empty). Returns what was written."""
-    from celerity_jax.hf import run_dir
+    from celerity_jax.hf import run_start
 
     outdir.check_empty(out, "--out")
     cfg, params, unfolded = load(folder)
@@ -222,7 +225,7 @@ def import_folder(folder: str, out: str, gin_files=(), gin_params=()) -> dict:
         if copy:
             shutil.copyfile(os.path.join(folder, copy), os.path.join(partial, copy))
         final = tokenizer if copy is None else os.path.join(os.path.abspath(out), copy)
-        summary = run_dir.write(partial, cfg, params, tokenizer=final, separator_token=separator,
-                                tokenizer_now=tokenizer if copy is None else os.path.join(partial, copy),
-                                gin_files=gin_files, gin_params=gin_params)
+        summary = run_start.write(partial, cfg, params, tokenizer=final, separator_token=separator,
+                                  tokenizer_now=tokenizer if copy is None else os.path.join(partial, copy),
+                                  gin_files=gin_files, gin_params=gin_params)
     return {"out": out, "model_type": hf.get("model_type"), **summary, **unfolded}

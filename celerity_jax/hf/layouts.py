@@ -6,17 +6,22 @@
   the fused head-major q|k|v projection; its LayerNorms and MLP always have biases, zero without use_bias.
 - everything else (ALiBi, learned positions, the other combinations) → `CelerityForCausalLM`, shipped beside the
   weights (`modeling_celerity.py`, trust_remote_code=True).
+  GPT-NeoX has no grouped-query attention: a model with fewer key/value heads than heads goes to Celerity's class.
 All three scale scores by 1/sqrt(head_dim) and hold an untied lm_head: the multipliers are folded first (fold.py).
-Flax Dense kernels are [in, out], torch Linear weights [out, in]; our unembed is [D, V], lm_head.weight [V, D].
+Flax Dense kernels are [in, out], torch Linear weights [out, in]; our unembed is [D, V], lm_head.weight [V, D]: every
+declared matrix but the embeddings is transposed.
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import completep, transformer
+from celerity_jax.hf import fold
+from celerity_jax.model import transformer
+from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
 
 CLASSES = {"llama": "LlamaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "celerity": "CelerityForCausalLM"}
@@ -30,7 +35,7 @@ EXPORTABLE = {"norm": ("layernorm", "rmsnorm"), "mlp": ("squared_relu", "swiglu"
 EXECUTION_FIELDS = ("compute_dtype", "residual_dtype", "attention_impl", "dense_backward", "logits_chunk_len",
                     "scan_layers", "remat")
 # Fields the export reads (into the multipliers, the config.json or the shapes).
-ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
+ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
                        "norm_eps", "mlp", "mlp_ratio", "positions", "rope_theta", "tie_embeddings", "use_bias",
                        "parametrization", "depth_alpha", "d_base", "n_layers_base", "sigma_base", "alpha_input",
                        "alpha_output")
@@ -49,7 +54,7 @@ def architecture(cfg: ModelConfig) -> str:
                           "export, which would drop it; export a model that leaves it at its default")
     if cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu":
         return "llama"
-    if cfg.positions == "rope" and cfg.norm == "layernorm" and cfg.mlp != "swiglu":
+    if cfg.positions == "rope" and cfg.norm == "layernorm" and cfg.mlp != "swiglu" and cfg.kv_heads == cfg.n_heads:
         return "gpt_neox"
     return "celerity"
 
@@ -63,7 +68,7 @@ def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
               "use_cache": True}
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if arch == "llama":
-        return {**common, "num_key_value_heads": cfg.n_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
                 "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_parameters": rope,
                 "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias, "attention_dropout": 0.0,
                 "pretraining_tp": 1}
@@ -72,20 +77,29 @@ def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
                 "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": cfg.rope_theta,
                 "rope_parameters": {**rope, "partial_rotary_factor": 1.0}, "attention_bias": cfg.use_bias,
                 "attention_dropout": 0.0, "hidden_dropout": 0.0}
-    return {**common, "head_dim": cfg.head_dim, "norm": cfg.norm, "norm_eps": cfg.norm_eps, "mlp": cfg.mlp,
+    return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "norm": cfg.norm, "norm_eps": cfg.norm_eps, "mlp": cfg.mlp,
             "positions": cfg.positions, "rope_theta": cfg.rope_theta, "use_bias": cfg.use_bias,
             "auto_map": {"AutoConfig": "configuration_celerity.CelerityConfig",
                          "AutoModelForCausalLM": "modeling_celerity.CelerityForCausalLM"}}
 
 
-def _names(cfg: ModelConfig, arch: str) -> list[tuple[str, str, bool]]:
-    """(our flat path, HF tensor name, transposed) of every tensor but GPT-NeoX's fused q|k|v, whether or not the
-    model holds it (biases)."""
+class Tensor(NamedTuple):
+    """One HF tensor: our flat path, its HF name, and its width when the HF class holds it whatever the model does
+    (GPT-NeoX's LayerNorm and MLP biases: zeros without use_bias), else None."""
+    ours: str
+    name: str
+    always_width: int | None = None
+
+
+def _names(cfg: ModelConfig, arch: str) -> list[Tensor]:
+    """Every tensor but GPT-NeoX's fused q|k|v, whether or not the model holds it (biases)."""
     if arch == "gpt_neox":
         top, layer = "gpt_neox.", "gpt_neox.layers.{i}."
         embed, final = "embed_in", "final_layer_norm"
         parts = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn/o": "attention.dense",
                  "mlp/up": "mlp.dense_h_to_4h", "mlp/down": "mlp.dense_4h_to_h"}
+        always = {"input_layernorm": cfg.d_model, "post_attention_layernorm": cfg.d_model,
+                  "mlp.dense_h_to_4h": cfg.d_ff, "mlp.dense_4h_to_h": cfg.d_model, final: cfg.d_model}
     else:
         top, layer = "model.", "model.layers.{i}."
         embed, final = "embed_tokens", "norm"
@@ -94,32 +108,35 @@ def _names(cfg: ModelConfig, arch: str) -> list[tuple[str, str, bool]]:
                  "mlp_norm": "post_attention_layernorm" if llama else "mlp_norm",
                  **{f"attn/{p}": f"{'self_attn' if llama else 'attn'}.{p}_proj" for p in "qkvo"},
                  **{f"mlp/{p}": f"mlp.{p}_proj" for p in ("up", "gate", "down")}}
-    names = [("embed", f"{top}{embed}.weight", False), ("unembed", "lm_head.weight", True),
-             ("final_norm/scale", f"{top}{final}.weight", False), ("final_norm/bias", f"{top}{final}.bias", False)]
+        always = {}
+    names = [Tensor("embed", f"{top}{embed}.weight"), Tensor("unembed", "lm_head.weight"),
+             Tensor("final_norm/scale", f"{top}{final}.weight"),
+             Tensor("final_norm/bias", f"{top}{final}.bias", always.get(final))]
     if arch == "celerity":
-        names.append(("pos_embed", "model.embed_positions.weight", False))
+        names.append(Tensor("pos_embed", "model.embed_positions.weight"))
     for i in range(cfg.n_layers):
         for ours, theirs in parts.items():
-            is_norm = ours.endswith("_norm")
-            names.append((f"block_{i}/{ours}/{'scale' if is_norm else 'kernel'}",
-                          f"{layer.format(i=i)}{theirs}.weight", not is_norm))
-            names.append((f"block_{i}/{ours}/bias", f"{layer.format(i=i)}{theirs}.bias", False))
+            weight = "scale" if ours.endswith("_norm") else "kernel"
+            names.append(Tensor(f"block_{i}/{ours}/{weight}", f"{layer.format(i=i)}{theirs}.weight"))
+            names.append(Tensor(f"block_{i}/{ours}/bias", f"{layer.format(i=i)}{theirs}.bias", always.get(theirs)))
     return names
 
 
-def _always_biased(arch: str, path: str) -> bool:
-    """GPT-NeoX's tensors that exist whatever use_bias is: its LayerNorm and MLP biases."""
-    return arch == "gpt_neox" and path.endswith("/bias") and "/attn/" not in path
+def _transposed(cfg: ModelConfig, path: str) -> bool:
+    """Whether the HF tensor is our leaf transposed: every declared matrix but the embeddings."""
+    declared = fold.declarations(cfg).get(path)
+    return declared is not None and declared.is_matrix and declared.role is not Role.EMBEDDING
 
 
 def to_hf(cfg: ModelConfig, arch: str, folded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The HF tensors of folded flat leaves (fold.fold's)."""
     out = {}
-    for path, name, transposed in _names(cfg, arch):
-        if path in folded:
-            out[name] = np.ascontiguousarray(folded[path].T if transposed else folded[path])
-        elif _always_biased(arch, path):
-            out[name] = np.zeros(_bias_width(cfg, path), np.float32)
+    for tensor in _names(cfg, arch):
+        if tensor.ours in folded:
+            x = folded[tensor.ours]
+            out[tensor.name] = np.ascontiguousarray(x.T if _transposed(cfg, tensor.ours) else x)
+        elif tensor.always_width:
+            out[tensor.name] = np.zeros(tensor.always_width, np.float32)
     if arch == "gpt_neox":
         h, k, d = cfg.n_heads, cfg.head_dim, cfg.d_model
         for i in range(cfg.n_layers):
@@ -136,16 +153,16 @@ def expected_shapes(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
     """Every HF tensor name the export of `cfg` writes, with its shape (nothing allocated)."""
     unscanned = dataclasses.replace(cfg, scan_layers=False)
     abstract = jax.eval_shape(lambda: transformer.init_params(unscanned, jax.random.key(0)))
-    ours = {"/".join(completep.path_keys(path)): x.shape
-            for path, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    ours = {path: x.shape for path, x in fold.flat_tree(abstract).items()}
     if cfg.tie_embeddings:
-        ours["unembed"] = ours["embed"][::-1]
+        ours[fold.tied_unembed(cfg)] = ours[fold.token_embedding(cfg)][::-1]
     shapes = {}
-    for path, name, transposed in _names(cfg, arch):
-        if path in ours:
-            shapes[name] = ours[path][::-1] if transposed else ours[path]
-        elif _always_biased(arch, path):
-            shapes[name] = (_bias_width(cfg, path),)
+    for tensor in _names(cfg, arch):
+        if tensor.ours in ours:
+            shape = ours[tensor.ours]
+            shapes[tensor.name] = shape[::-1] if _transposed(cfg, tensor.ours) else shape
+        elif tensor.always_width:
+            shapes[tensor.name] = (tensor.always_width,)
     if arch == "gpt_neox":
         for i in range(cfg.n_layers):
             name = f"gpt_neox.layers.{i}.attention.query_key_value"
@@ -155,24 +172,21 @@ def expected_shapes(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _bias_width(cfg: ModelConfig, path: str) -> int:
-    return cfg.d_ff if path.endswith("mlp/up/bias") else cfg.d_model
-
-
 def from_hf(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Folded flat leaves from HF tensors already checked against `expected_shapes`. GPT-NeoX's bias tensors that
     `cfg` has no place for must be zero; a tied model's lm_head may be absent."""
     folded = {}
-    for path, name, transposed in _names(cfg, arch):
-        if name not in tensors:
+    for tensor in _names(cfg, arch):
+        if tensor.name not in tensors:
             continue
-        if _always_biased(arch, path) and not cfg.use_bias:
-            if np.any(np.asarray(tensors[name], np.float32)):
-                raise ConfigError(f"tensor {name} holds nonzero biases but the model has no attention biases "
+        x = np.asarray(tensors[tensor.name])
+        if tensor.always_width and not cfg.use_bias:
+            if np.any(x.astype(np.float32)):
+                raise ConfigError(f"tensor {tensor.name} holds nonzero biases but the model has no attention biases "
                                   "(attention_bias false); a model with biases on some projections only has no "
                                   "ModelConfig")
             continue
-        folded[path] = np.asarray(tensors[name]).T if transposed else np.asarray(tensors[name])
+        folded[tensor.ours] = x.T if _transposed(cfg, tensor.ours) else x
     if arch == "gpt_neox":
         h, k, d = cfg.n_heads, cfg.head_dim, cfg.d_model
         for i in range(cfg.n_layers):

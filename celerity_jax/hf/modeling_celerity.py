@@ -6,7 +6,8 @@ multiplier is folded into the weights by the export, so nothing here scales by a
 rotated) or learned positions; LayerNorm or RMSNorm; squared-ReLU, SwiGLU, GELU or tanh-GELU MLPs; with or
 without biases. Norms, scores and softmax run in float32, as in celerity_jax.
 
-Shapes: B batch, L new tokens, S cached + new tokens, D hidden, H heads, K head_dim, F MLP width, V vocab.
+Shapes: B batch, L new tokens, S cached + new tokens, D hidden, H heads, G key/value heads, K head_dim, F MLP width,
+V vocab.
 Keys and values go into transformers' Cache (`past_key_values`), so `generate()` decodes with a KV cache; ALiBi
 biases and the causal mask are taken over cache slots, and a 2D attention_mask (padding) removes slots.
 """
@@ -68,18 +69,23 @@ class Attention(nn.Module):
     def __init__(self, config: CelerityConfig, layer_idx: int):
         super().__init__()
         self.layer_idx, self.n_heads, self.head_dim = layer_idx, config.num_attention_heads, config.head_dim
-        inner, d, bias = config.num_attention_heads * config.head_dim, config.hidden_size, config.use_bias
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, inner, bias=bias) for _ in range(3))
-        self.o_proj = nn.Linear(inner, d, bias=bias)
+        self.n_kv_heads = config.num_key_value_heads or config.num_attention_heads
+        d, bias = config.hidden_size, config.use_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj, self.v_proj = (nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias) for _ in range(2))
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=bias)
 
     def forward(self, x_BxLxD, bias_BxHxLxS, rope, past_key_values):
         b, l, _ = x_BxLxD.shape
-        heads = lambda t: t.view(b, l, self.n_heads, self.head_dim).transpose(1, 2)  # noqa: E731
-        q, k, v = heads(self.q_proj(x_BxLxD)), heads(self.k_proj(x_BxLxD)), heads(self.v_proj(x_BxLxD))
+        heads = lambda t, n: t.view(b, l, n, self.head_dim).transpose(1, 2)  # noqa: E731
+        q = heads(self.q_proj(x_BxLxD), self.n_heads)
+        k, v = heads(self.k_proj(x_BxLxD), self.n_kv_heads), heads(self.v_proj(x_BxLxD), self.n_kv_heads)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
         if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+            k, v = past_key_values.update(k, v, self.layer_idx)  # the cache holds the G key/value heads
+        group = self.n_heads // self.n_kv_heads  # query head h reads key/value head h // group
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores_BxHxLxS = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.head_dim**-0.5 + bias_BxHxLxS
         probs_BxHxLxS = torch.softmax(scores_BxHxLxS, dim=-1).to(v.dtype)
         out_BxLxD = torch.matmul(probs_BxHxLxS, v).transpose(1, 2).reshape(b, l, -1)

@@ -44,9 +44,10 @@ class Role(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Multipliers:
-    """Pytrees mirroring params. init_std is 0.0 on constant-initialized leaves (gains 1, biases 0);
-    lr and eps multiply the base LR and base Adam eps; decay says whether weight decay applies."""
+    """Pytrees mirroring params. role is each leaf's Role; init_std is 0.0 on constant-initialized leaves (gains 1,
+    biases 0); lr and eps multiply the base LR and base Adam eps; decay says whether weight decay applies."""
 
+    role: Any
     init_std: Any
     lr: Any
     eps: Any
@@ -58,23 +59,6 @@ def width_depth_mult(cfg: ModelConfig) -> tuple[float, float]:
     m_d = cfg.d_model / cfg.d_base if cfg.parametrization != "standard" else 1.0
     m_l = cfg.n_layers / cfg.n_layers_base if cfg.parametrization == "completep" else 1.0
     return m_d, m_l
-
-
-def param_role(path: tuple[str, ...]) -> Role:
-    """Role of the parameter at `path` (its dict keys from the root of params)."""
-    top, leaf = path[0], path[-1]
-    if top in ("embed", "pos_embed"):
-        return Role.EMBEDDING
-    if top == "unembed":
-        return Role.UNEMBEDDING
-    if top == "final_norm":
-        return Role.FINAL_NORM
-    if top.startswith("block"):  # "blocks" when scanned, "block_<i>" otherwise
-        if leaf == "kernel":
-            return Role.HIDDEN
-        if leaf in ("scale", "bias"):
-            return Role.BLOCK_VECTOR
-    raise ValueError(f"no CompleteP role for parameter path {'/'.join(path)}")
 
 
 DECAY_CONVENTIONS = ("per_lr", "width_scaled")
@@ -102,17 +86,13 @@ def weight_decay_multipliers(cfg: ModelConfig, convention: str) -> dict[Role, fl
             for role, (_, _, _, decays) in role_rules(cfg).items()}
 
 
-def multipliers(cfg: ModelConfig, params) -> Multipliers:
-    """Per-leaf init std, LR, eps multipliers and decay flags for `params` (or their shapes)."""
+def multipliers(cfg: ModelConfig, declared) -> Multipliers:
+    """Per-leaf init std, LR, eps multipliers and decay flags of the parameters whose declarations (each with a
+    `role`) are the leaves of `declared` (`transformer.declarations`)."""
     rules = role_rules(cfg)
-    pick = lambda i: jax.tree.map(lambda r: rules[r][i], param_roles(params),
-                                  is_leaf=lambda r: isinstance(r, Role))
-    return Multipliers(init_std=pick(0), lr=pick(1), eps=pick(2), decay=pick(3))
-
-
-def param_roles(params):
-    """Pytree of Role mirroring `params`."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: param_role(path_keys(path)), params)
+    pick = lambda i: jax.tree.map(lambda d: rules[d.role][i], declared)
+    return Multipliers(role=jax.tree.map(lambda d: d.role, declared), init_std=pick(0), lr=pick(1), eps=pick(2),
+                       decay=pick(3))
 
 
 def forward_multipliers(cfg: ModelConfig) -> dict[str, float]:
@@ -124,8 +104,3 @@ def forward_multipliers(cfg: ModelConfig) -> dict[str, float]:
         "output": cfg.alpha_output / m_d,
         "attention": 1.0 / cfg.head_dim if cfg.parametrization != "standard" else cfg.head_dim**-0.5,
     }
-
-
-def path_keys(path) -> tuple[str, ...]:
-    """The dict keys (or attribute names) of a jax tree path, as strings."""
-    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)

@@ -34,6 +34,9 @@ class ModelConfig:
     n_layers: int = 13
     d_model: int = 640
     n_heads: int = 10
+    # Key/value heads (grouped-query attention): query head h reads key/value head h // (n_heads // n_kv_heads).
+    # None: n_heads, one key/value head per query head.
+    n_kv_heads: int | None = None
     head_dim: int = 64
     vocab_size: int = 128256
     max_seq_len: int = 8192
@@ -105,6 +108,11 @@ class ModelConfig:
         return dataclasses.replace(self, **{name: _resolve(self, name, platform) for name in AUTO_CHOICES})
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads when that is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
     def d_ff(self) -> int:
         """Hidden width of the MLP."""
         return round(self.mlp_ratio * self.d_model)
@@ -130,6 +138,9 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             _fail("d_model", self.d_model, f"is not divisible by n_heads={self.n_heads}; "
                   "choose n_heads that divides d_model")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            _fail("n_kv_heads", self.n_kv_heads, f"must divide n_heads={self.n_heads}; choose a divisor of it, or "
+                  "None for one key/value head per query head")
         if self.n_heads * self.head_dim != self.d_model:
             _fail("head_dim", self.head_dim, f"does not match d_model/n_heads = {self.d_model // self.n_heads}; "
                   "set head_dim = d_model // n_heads")

@@ -13,6 +13,10 @@ crosses apply the mask. The ALiBi bias slope_h·(j − i) comes from the block's
 slope (read from SMEM), so no L×L bias exists in memory; without slopes the same kernels serve RoPE and
 learned positions.
 
+Grouped-query attention: k and v may have G heads for q's H (G dividing H); query head h reads key/value head
+h // (H/G) through the block index maps, so k and v are never repeated. The dk/dv kernel computes each query
+head's float32 share of dk and dv, which are summed over the H/G query heads of each group outside the kernel.
+
 Layout: with head_dim a multiple of 128 (or a single head) the kernels read [B, L, H·K], a free reshape
 of the [B, L, H, K] inputs; otherwise the inputs are transposed to [B, H, L, K] first, because a TPU
 block's last two dimensions must be (multiples of 8 and 128 or) whole.
@@ -32,55 +36,67 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from celerity_jax.model.attention import kv_group_size
 from celerity_jax.model.flash_common import MASKED, KernelConfig, block_size, checked_slopes, out_like
 
 _LANES = 128
 _NT = (((1,), (1,)), ((), ()))  # dot_general dimension numbers for x·yᵀ
 
 
-def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,
+def flash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *, scale: float, alibi_slopes_H=None,
                     block_q: int | None = None, block_k: int | None = None, interpret: bool = False):
-    """softmax(scale·q·kᵀ + bias, causal)·v per head; out_BxLxHxK in v's dtype.
+    """softmax(scale·q·kᵀ + bias, causal)·v per query head; out_BxLxHxK in v's dtype.
 
-    alibi_slopes_H: per-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
+    k, v: G key/value heads, G dividing H (query head h uses key/value head h // (H/G)).
+    alibi_slopes_H: per-query-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
     block_q, block_k: query and key rows per kernel step, clamped to L; they must divide L. Default: 128 where it
     divides L, else L.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
-    slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
+    kv_group_size(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+    slopes_H = checked_slopes(q_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     default = 128 if seq_len % 128 == 0 else seq_len
     cfg = KernelConfig(scale=float(scale), block_q=block_size("block_q", block_q or default, seq_len),
                        block_k=block_size("block_k", block_k or default, seq_len), alibi=alibi_slopes_H is not None,
                        fused_heads=n_heads == 1 or head_dim % _LANES == 0, interpret=interpret)
-    return _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H)
+    return _attention(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H):
-    return _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H)[0]
+def _attention(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H):
+    return _attention_fwd(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H)[0]
 
 
-def _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H):
-    q, k, v = (_to_kernel_layout(cfg, x) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
-    out, lse_BxHx1xL = _forward(cfg, q, k, v, slopes_H, q_BxLxHxK.shape)
+def _attention_fwd(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H):
+    q, k, v = (_to_kernel_layout(cfg, x) for x in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK))
+    group = q_BxLxHxK.shape[2] // k_BxLxGxK.shape[2]
+    out, lse_BxHx1xL = _forward(cfg, group, q, k, v, slopes_H, q_BxLxHxK.shape)
     out_BxLxHxK = _from_kernel_layout(cfg, out, q_BxLxHxK.shape)
     # named for the remat policies that keep the attention (`transformer.REMAT_POLICIES`)
     out_BxLxHxK, lse_BxHx1xL = checkpoint_name(out_BxLxHxK, "context"), checkpoint_name(lse_BxHx1xL, "context_lse")
-    return out_BxLxHxK, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H, out_BxLxHxK, lse_BxHx1xL)
+    return out_BxLxHxK, (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H, out_BxLxHxK, lse_BxHx1xL)
 
 
 def _attention_bwd(cfg, residuals, dout_BxLxHxK):
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes_H, out_BxLxHxK, lse_BxHx1xL = residuals
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes_H, out_BxLxHxK, lse_BxHx1xL = residuals
     dout_BxLxHxK = dout_BxLxHxK.astype(out_BxLxHxK.dtype)
     d_BxHx1xL = jnp.einsum("blhk,blhk->bhl", dout_BxLxHxK.astype(jnp.float32),
                            out_BxLxHxK.astype(jnp.float32))[:, :, None, :]
-    q, k, v, dout = (_to_kernel_layout(cfg, x) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK))
+    q, k, v, dout = (_to_kernel_layout(cfg, x) for x in (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK))
     shape = q_BxLxHxK.shape
-    dq = _backward_dq(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape)
-    dk, dv = _backward_dkv(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape)
-    grads = tuple(_from_kernel_layout(cfg, g, shape) for g in (dq, dk, dv))
-    return (*grads, jnp.zeros_like(slopes_H))  # the slopes are constants of the model
+    group = shape[2] // k_BxLxGxK.shape[2]
+    dq = _backward_dq(cfg, group, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape)
+    dk, dv = _backward_dkv(cfg, group, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape)
+    dq_BxLxHxK = _from_kernel_layout(cfg, dq, shape)
+    if group == 1:
+        dk_BxLxGxK, dv_BxLxGxK = (_from_kernel_layout(cfg, g, shape) for g in (dk, dv))
+    else:  # float32 shares per query head, summed over each group
+        b, l, n_kv_heads, head_dim = k_BxLxGxK.shape
+        dk_BxLxGxK, dv_BxLxGxK = (
+            _from_kernel_layout(cfg, g, shape).reshape(b, l, n_kv_heads, group, head_dim).sum(axis=3).astype(x.dtype)
+            for g, x in ((dk, k_BxLxGxK), (dv, v_BxLxGxK)))
+    return dq_BxLxHxK, dk_BxLxGxK, dv_BxLxGxK, jnp.zeros_like(slopes_H)  # the slopes are constants of the model
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -99,12 +115,13 @@ def _from_kernel_layout(cfg, x, shape):
     return x.reshape(shape) if cfg.fused_heads else x.transpose(0, 2, 1, 3)
 
 
-def _rows_spec(cfg, block: int, head_dim: int, which: int):
+def _rows_spec(cfg, block: int, head_dim: int, which: int, group: int = 1):
     """Blocks of `block` sequence positions × one head's features, at the table entry `which` (0: query
-    block, 1: key block) of grid step (b, h, t)."""
+    block, 1: key block) of grid step (b, h, t); from head h // group, the key/value head of query head h."""
     def index_map(b, h, t, q_tab, k_tab):
         s = (q_tab, k_tab)[which][t]
-        return (b, s, h) if cfg.fused_heads else (b, h, s, 0)
+        head = h // group
+        return (b, s, head) if cfg.fused_heads else (b, head, s, 0)
     block_shape = (None, block, head_dim) if cfg.fused_heads else (None, None, block, head_dim)
     return pl.BlockSpec(block_shape, index_map)
 
@@ -193,11 +210,11 @@ def _run_masked_or_not(needs_mask, step):
 # Forward.
 
 
-def _forward(cfg, q, k, v, slopes_H, shape):
+def _forward(cfg, group, q, k, v, slopes_H, shape):
     batch, seq_len, n_heads, head_dim = shape
     tables = _pairs_by_query(cfg, seq_len)
-    in_specs = [_SMEM_SPEC, _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1),
-                _rows_spec(cfg, cfg.block_k, head_dim, 1)]
+    kv_spec = _rows_spec(cfg, cfg.block_k, head_dim, 1, group)
+    in_specs = [_SMEM_SPEC, _rows_spec(cfg, cfg.block_q, head_dim, 0), kv_spec, kv_spec]
     out_specs = [_rows_spec(cfg, cfg.block_q, head_dim, 0), _row_stats_spec(cfg)]
     out_shape = [out_like(q, v.dtype),
                  out_like(q, jnp.float32, (batch, n_heads, 1, seq_len))]
@@ -248,10 +265,10 @@ def _forward_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, out_ref, lse_
 # Backward: dS = P ∘ (dP − D) with P = exp(S − logsumexp), dP = dO·vᵀ, D = rowsum(dO ∘ O).
 
 
-def _backward_dq(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
+def _backward_dq(cfg, group, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
     _, seq_len, _, head_dim = shape
     tables = _pairs_by_query(cfg, seq_len)
-    q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1)
+    q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1, group)
     in_specs = [_SMEM_SPEC, q_spec, k_spec, k_spec, q_spec, _row_stats_spec(cfg), _row_stats_spec(cfg)]
     scratch = [pltpu.VMEM((cfg.block_q, head_dim), jnp.float32)]
     cost = _cost(cfg, shape, tables, q.dtype.itemsize, matmuls=3, streamed_rows=2 * cfg.block_k, whole_arrays=3)
@@ -285,16 +302,20 @@ def _dq_kernel(q_tab, k_tab, slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref,
         dq_ref[...] = (dq_acc_ref[...] * cfg.scale).astype(dq_ref.dtype)
 
 
-def _backward_dkv(cfg, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
+def _backward_dkv(cfg, group, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL, slopes_H, shape):
+    """dk and dv; with groups (group > 1), each query head's float32 share of them instead, q-shaped."""
     _, seq_len, _, head_dim = shape
     tables = _pairs_by_key(cfg, seq_len)
-    q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1)
+    q_spec, k_spec = _rows_spec(cfg, cfg.block_q, head_dim, 0), _rows_spec(cfg, cfg.block_k, head_dim, 1, group)
     in_specs = [_SMEM_SPEC, q_spec, k_spec, k_spec, q_spec, _row_stats_spec(cfg), _row_stats_spec(cfg)]
-    out_shape = [out_like(k, k.dtype), out_like(v, v.dtype)]
+    if group == 1:
+        out_spec, out_shape = k_spec, [out_like(k, k.dtype), out_like(v, v.dtype)]
+    else:
+        out_spec, out_shape = _rows_spec(cfg, cfg.block_k, head_dim, 1), [out_like(q, jnp.float32)] * 2
     scratch = [pltpu.VMEM((cfg.block_k, head_dim), jnp.float32), pltpu.VMEM((cfg.block_k, head_dim), jnp.float32)]
     kernel = functools.partial(_dkv_kernel, seq_len=seq_len)
     cost = _cost(cfg, shape, tables, q.dtype.itemsize, matmuls=4, streamed_rows=2 * cfg.block_q, whole_arrays=4)
-    return _pallas_call(cfg, kernel, shape, tables, in_specs, [k_spec, k_spec], out_shape, scratch, cost)(
+    return _pallas_call(cfg, kernel, shape, tables, in_specs, [out_spec, out_spec], out_shape, scratch, cost)(
         *tables, slopes_H, q, k, v, dout, lse_BxHx1xL, d_BxHx1xL)
 
 

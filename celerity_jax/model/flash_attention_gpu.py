@@ -10,6 +10,10 @@ the key blocks up to the diagonal, a key block the query blocks from the diagona
 Triton needs power-of-two block shapes of at least 16: a head_dim that is not one (or under 16) is padded with
 zero features, a length that 16 does not divide is padded with zero positions at the end (keys after every real
 query, so the causal mask hides them), and the block sizes are powers of two dividing L.
+
+Grouped-query attention: k and v may have G heads for q's H (G dividing H); the program of query head h reads
+key/value head h // (H/G), so k and v are never repeated. The dk/dv kernel computes each query head's float32
+share of dk and dv, which are summed over the H/G query heads of each group outside the kernel.
 """
 
 import functools
@@ -21,34 +25,37 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from celerity_jax.model.attention import kv_group_size
 from celerity_jax.model.flash_common import MASKED, KernelConfig, block_size, checked_slopes, out_like
 
 
 MIN_BLOCK = 16  # the smallest tile Triton's dot takes
 
 
-def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H=None,
+def flash_attention_gpu(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *, scale: float, alibi_slopes_H=None,
                         block_q: int | None = None, block_k: int | None = None, interpret: bool = False):
-    """softmax(scale·q·kᵀ + bias, causal)·v per head; out_BxLxHxK in v's dtype.
+    """softmax(scale·q·kᵀ + bias, causal)·v per query head; out_BxLxHxK in v's dtype.
 
-    alibi_slopes_H: per-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
+    k, v: G key/value heads, G dividing H (query head h uses key/value head h // (H/G)).
+    alibi_slopes_H: per-query-head ALiBi slopes (bias −slope·(i − j) for key j ≤ query i); None for no bias.
     block_q, block_k: query and key rows per block, powers of two, clamped to L; they must divide L, which is
     first padded to a multiple of 16. Default: the largest power of two up to 64 that divides it.
     interpret: run the kernels in the Pallas interpreter (on any backend, e.g. CPU tests).
     """
-    slopes_H = checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H)
+    kv_group_size(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+    slopes_H = checked_slopes(q_BxLxHxK, alibi_slopes_H)
     _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
     padded_len = -(-seq_len // MIN_BLOCK) * MIN_BLOCK
     if padded_len != seq_len:
         pad = lambda x: jnp.pad(x, ((0, 0), (0, padded_len - seq_len), (0, 0), (0, 0)))  # noqa: E731
-        out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxHxK), pad(v_BxLxHxK), scale=scale,
+        out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxGxK), pad(v_BxLxGxK), scale=scale,
                                   alibi_slopes_H=alibi_slopes_H, block_q=block_q, block_k=block_k,
                                   interpret=interpret)
         return out[:, :seq_len]
     padded_dim = max(MIN_BLOCK, _next_power_of_two(head_dim))
     if padded_dim != head_dim:  # zero features change no score and add output columns that are cut off
         pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, padded_dim - head_dim)))  # noqa: E731
-        out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxHxK), pad(v_BxLxHxK), scale=scale,
+        out = flash_attention_gpu(pad(q_BxLxHxK), pad(k_BxLxGxK), pad(v_BxLxGxK), scale=scale,
                                   alibi_slopes_H=alibi_slopes_H, block_q=block_q, block_k=block_k,
                                   interpret=interpret)
         return out[..., :head_dim]
@@ -59,7 +66,7 @@ def flash_attention_gpu(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_
                   alibi=alibi_slopes_H is not None, interpret=interpret)
     # A whole power-of-two vector of slopes, from which each program picks its head's.
     slopes = jnp.zeros((_next_power_of_two(n_heads),), jnp.float32).at[:n_heads].set(slopes_H)
-    return _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes)
+    return _attention(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -74,25 +81,32 @@ def _power_of_two(name: str, block: int) -> int:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes):
-    return _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes)[0]
+def _attention(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes):
+    return _attention_fwd(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes)[0]
 
 
-def _attention_fwd(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes):
-    out_BxLxHxK, lse_BxHxL = _forward(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes)
+def _attention_fwd(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes):
+    out_BxLxHxK, lse_BxHxL = _forward(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes)
     # named for the remat policies that keep the attention (`transformer.REMAT_POLICIES`)
     out_BxLxHxK, lse_BxHxL = checkpoint_name(out_BxLxHxK, "context"), checkpoint_name(lse_BxHxL, "context_lse")
-    return out_BxLxHxK, (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes, out_BxLxHxK, lse_BxHxL)
+    return out_BxLxHxK, (q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes, out_BxLxHxK, lse_BxHxL)
 
 
 def _attention_bwd(cfg, residuals, dout_BxLxHxK):
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes, out_BxLxHxK, lse_BxHxL = residuals
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes, out_BxLxHxK, lse_BxHxL = residuals
     dout_BxLxHxK = dout_BxLxHxK.astype(out_BxLxHxK.dtype)
     d_BxHxL = jnp.einsum("blhk,blhk->bhl", dout_BxLxHxK.astype(jnp.float32), out_BxLxHxK.astype(jnp.float32))
-    args = (slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
+    args = (slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
     dq_BxLxHxK = _backward_dq(cfg, *args)
-    dk_BxLxHxK, dv_BxLxHxK = _backward_dkv(cfg, *args)
-    return dq_BxLxHxK, dk_BxLxHxK, dv_BxLxHxK, jnp.zeros_like(slopes)  # the slopes are constants of the model
+    dk, dv = _backward_dkv(cfg, *args)
+    b, l, n_kv_heads, head_dim = k_BxLxGxK.shape
+    group = q_BxLxHxK.shape[2] // n_kv_heads
+    if group == 1:
+        dk_BxLxGxK, dv_BxLxGxK = dk, dv
+    else:  # float32 shares per query head, summed over each group
+        dk_BxLxGxK, dv_BxLxGxK = (g.reshape(b, l, n_kv_heads, group, head_dim).sum(axis=3).astype(x.dtype)
+                                  for g, x in ((dk, k_BxLxGxK), (dv, v_BxLxGxK)))
+    return dq_BxLxHxK, dk_BxLxGxK, dv_BxLxGxK, jnp.zeros_like(slopes)  # the slopes are constants of the model
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -102,13 +116,15 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 # Specs and shared block math. Grids are (batch, head, block); a program sees one head of one sequence.
 
 
-def _block_spec(rows: int, head_dim: int):
-    return pl.BlockSpec((None, rows, None, head_dim), lambda b, h, i: (b, i, h, 0))
+def _block_spec(rows: int, head_dim: int, group: int = 1):
+    """Block i of `rows` positions of head h // group: with group = H/G, the key/value head of query head h."""
+    return pl.BlockSpec((None, rows, None, head_dim), lambda b, h, i: (b, i, h // group, 0))
 
 
-def _head_spec(seq_len: int, head_dim: int):
-    """The whole sequence of the program's head, which the kernel slices block by block."""
-    return pl.BlockSpec((None, seq_len, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+def _head_spec(seq_len: int, head_dim: int, group: int = 1):
+    """The whole sequence of the program's head (h // group, as in `_block_spec`), which the kernel slices block
+    by block."""
+    return pl.BlockSpec((None, seq_len, None, head_dim), lambda b, h, i: (b, 0, h // group, 0))
 
 
 def _stats_spec(rows: int):
@@ -150,14 +166,14 @@ def _key_blocks_upto(cfg, q_start):
 # Forward.
 
 
-def _forward(cfg, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, slopes):
+def _forward(cfg, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, slopes):
     batch, seq_len, n_heads, head_dim = q_BxLxHxK.shape
-    in_specs = [_slopes_spec(slopes), _block_spec(cfg.block_q, head_dim), _head_spec(seq_len, head_dim),
-                _head_spec(seq_len, head_dim)]
+    kv_spec = _head_spec(seq_len, head_dim, n_heads // k_BxLxGxK.shape[2])
+    in_specs = [_slopes_spec(slopes), _block_spec(cfg.block_q, head_dim), kv_spec, kv_spec]
     out_specs = [_block_spec(cfg.block_q, head_dim), _stats_spec(cfg.block_q)]
-    out_shape = [out_like(q_BxLxHxK, v_BxLxHxK.dtype), out_like(q_BxLxHxK, jnp.float32, (batch, n_heads, seq_len))]
+    out_shape = [out_like(q_BxLxHxK, v_BxLxGxK.dtype), out_like(q_BxLxHxK, jnp.float32, (batch, n_heads, seq_len))]
     return _call(cfg, _forward_kernel, q_BxLxHxK, cfg.block_q, in_specs, out_specs, out_shape)(
-        slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)
+        slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
 
 
 def _forward_kernel(slopes_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, cfg):
@@ -188,13 +204,13 @@ def _forward_kernel(slopes_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, cfg):
 # Backward: dS = P ∘ (dP − D) with P = exp(S − logsumexp), dP = dO·vᵀ, D = rowsum(dO ∘ O).
 
 
-def _backward_dq(cfg, slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL):
-    _, seq_len, _, head_dim = q_BxLxHxK.shape
-    q_spec, whole = _block_spec(cfg.block_q, head_dim), _head_spec(seq_len, head_dim)
-    in_specs = [_slopes_spec(slopes), q_spec, whole, whole, q_spec, _stats_spec(cfg.block_q),
+def _backward_dq(cfg, slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL):
+    _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
+    q_spec, kv_spec = _block_spec(cfg.block_q, head_dim), _head_spec(seq_len, head_dim, n_heads // k_BxLxGxK.shape[2])
+    in_specs = [_slopes_spec(slopes), q_spec, kv_spec, kv_spec, q_spec, _stats_spec(cfg.block_q),
                 _stats_spec(cfg.block_q)]
     return _call(cfg, _dq_kernel, q_BxLxHxK, cfg.block_q, in_specs, q_spec, out_like(q_BxLxHxK, q_BxLxHxK.dtype))(
-        slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
+        slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
 
 
 def _dq_kernel(slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, d_ref, dq_ref, *, cfg):
@@ -215,14 +231,19 @@ def _dq_kernel(slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, d_ref, dq_ref
     dq_ref[...] = (dq_QxK * cfg.scale).astype(dq_ref.dtype)
 
 
-def _backward_dkv(cfg, slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL):
-    _, seq_len, _, head_dim = q_BxLxHxK.shape
-    k_spec, whole = _block_spec(cfg.block_k, head_dim), _head_spec(seq_len, head_dim)
+def _backward_dkv(cfg, slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL):
+    """dk and dv; with groups (G < H), each query head's float32 share of them instead, q-shaped."""
+    _, seq_len, n_heads, head_dim = q_BxLxHxK.shape
+    group = n_heads // k_BxLxGxK.shape[2]
+    k_spec, whole = _block_spec(cfg.block_k, head_dim, group), _head_spec(seq_len, head_dim)
     whole_stats = pl.BlockSpec((None, None, seq_len), lambda b, h, i: (b, h, 0))
     in_specs = [_slopes_spec(slopes), whole, k_spec, k_spec, whole, whole_stats, whole_stats]
-    out_shape = [out_like(k_BxLxHxK, k_BxLxHxK.dtype), out_like(v_BxLxHxK, v_BxLxHxK.dtype)]
-    return _call(cfg, _dkv_kernel, q_BxLxHxK, cfg.block_k, in_specs, [k_spec, k_spec], out_shape)(
-        slopes, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
+    if group == 1:
+        out_spec, out_shape = k_spec, [out_like(k_BxLxGxK, k_BxLxGxK.dtype), out_like(v_BxLxGxK, v_BxLxGxK.dtype)]
+    else:
+        out_spec, out_shape = _block_spec(cfg.block_k, head_dim), [out_like(q_BxLxHxK, jnp.float32)] * 2
+    return _call(cfg, _dkv_kernel, q_BxLxHxK, cfg.block_k, in_specs, [out_spec, out_spec], out_shape)(
+        slopes, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, dout_BxLxHxK, lse_BxHxL, d_BxHxL)
 
 
 def _dkv_kernel(slopes_ref, q_ref, k_ref, v_ref, dout_ref, lse_ref, d_ref, dk_ref, dv_ref, *, cfg):

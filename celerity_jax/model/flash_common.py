@@ -9,12 +9,9 @@ import jax.numpy as jnp
 MASKED = -1e30  # a finite "minus infinity": exp(MASKED − max) is exactly 0 in float32
 
 
-def checked_slopes(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, alibi_slopes_H) -> jax.Array:
-    """The slopes as float32 [H] (zeros, read by no kernel, without ALiBi), after checking that q, k, v share one
-    [B, L, H, K] shape and that there is one slope per head."""
-    if not q_BxLxHxK.shape == k_BxLxHxK.shape == v_BxLxHxK.shape or q_BxLxHxK.ndim != 4:
-        raise ValueError(f"q, k, v must share one [batch, length, heads, head_dim] shape; got {q_BxLxHxK.shape}, "
-                         f"{k_BxLxHxK.shape}, {v_BxLxHxK.shape}")
+def checked_slopes(q_BxLxHxK, alibi_slopes_H) -> jax.Array:
+    """The slopes as float32 [H] (zeros, read by no kernel, without ALiBi), after checking that there is one per
+    query head of q (whose shape against k and v `attention.kv_group_size` checks)."""
     n_heads = q_BxLxHxK.shape[2]
     if alibi_slopes_H is None:
         return jnp.zeros((n_heads,), jnp.float32)

@@ -1,47 +1,52 @@
-"""All sharding rules: the device mesh, and a PartitionSpec for the batch, the residual stream and every parameter.
+"""All sharding rules: the device mesh, and one table from logical axes to mesh axes for every parameter and
+activation.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimizer state
 sharded), `tensor` (Megatron-style: column-parallel q/k/v/up/gate, row-parallel o/down).
-Every parameter is a vector (norm gains, biases: replicated) or named in PARAM_RULES by the module names that
-transformer.py gives; any other parameter is an error. A dimension that its rule's mesh axis does not divide is
-kept whole, so tiny models run on any mesh; `unsplit` names such dimensions, and `celerity train` and
-`celerity compile` state them in their setting line.
+Every parameter declares the logical axis of each dim where transformer.py creates it (`params.Declaration`);
+LOGICAL_RULES maps those, and the activations' logical axes, to mesh axes. A dimension that its mesh axis does not
+divide is kept whole, so tiny models run on any mesh; `unsplit` and `unsplit_activations` name such dimensions, and
+`celerity train` and `celerity compile` state them in their setting line.
 """
 
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.model.completep import path_keys
+from celerity_jax.model.config import ModelConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
-# Parameter name (the module name on its path, or the parameter's own) -> the mesh axis of each of its trailing
-# (unscanned) dims.
-PARAM_RULES = {
-    "embed": ("tensor", "fsdp"),        # V x D
-    "pos_embed": (None, "fsdp"),        # L x D
-    "unembed": ("fsdp", "tensor"),      # D x V
-    "q": ("fsdp", "tensor"),            # D x HK
-    "k": ("fsdp", "tensor"),
-    "v": ("fsdp", "tensor"),
-    "up": ("fsdp", "tensor"),           # D x F
-    "gate": ("fsdp", "tensor"),
-    "o": ("tensor", "fsdp"),            # HK x D
-    "down": ("tensor", "fsdp"),         # F x D
+# Logical axis -> the mesh axis (or axes, or None: whole on every chip) that splits it.
+LOGICAL_RULES = {
+    # parameters
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",       # query heads × head_dim
+    "kv_heads": "tensor",    # key/value heads × head_dim
+    "mlp": "tensor",
+    "position": None,        # learned positions
+    "norm": None,            # norm gains and biases: small, and read whole by every chip
+    "layers": None,          # the stacked layers of scanned blocks
+    # activations
+    "batch": BATCH_AXES,
+    "sequence": "tensor",    # the residual stream's positions (sequence parallelism)
+    "activation_embed": None,
+    "activation_heads": "tensor",
+    "activation_kv_heads": "tensor",
+    "activation_vocab": "tensor",
 }
-VECTOR_LEAVES = ("scale", "bias")  # replicated
 
-# The residual stream (B x L x D) between and inside blocks, which remat saves at every block's input: the batch
-# over the batch axes, the sequence over tensor where it divides (sequence parallelism; split like this, a tensor
-# chip keeps a quarter of it at tensor 4, not all of it). docs/compile.md gives the measurement that chose the
-# sequence over D.
-RESIDUAL_RULE = (BATCH_AXES, "tensor", None)
+# The residual stream (B x L x D) between and inside blocks, which remat saves at every block's input: split like
+# this, a tensor chip keeps a quarter of it at tensor 4, not all of it. docs/compile.md gives the measurement that
+# chose the sequence over D.
+RESIDUAL_AXES = ("batch", "sequence", "activation_embed")
 
 
 def make_mesh(mesh_shape: tuple[int, int, int], devices=None) -> Mesh:
@@ -75,7 +80,7 @@ def traced_batch_shards() -> int:
 
 def local_batch(batch: int, mesh: Mesh | None = None) -> int:
     """Rows of a [batch, ...] activation on one chip of `mesh` (default: the mesh being traced under): the batch
-    split over data × fsdp where that divides it, else whole."""
+    split over data × fsdp where that divides it, else whole (`unsplit_activations` states it)."""
     shards = traced_batch_shards() if mesh is None else data_shards(mesh)
     return batch // shards if batch % shards == 0 else batch
 
@@ -86,8 +91,8 @@ def constrain_vocab_split(x_DxV):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or "tensor" not in mesh.axis_names:
         return x_DxV
-    tensor = "tensor" if x_DxV.shape[1] % mesh.shape["tensor"] == 0 else None
-    return jax.lax.with_sharding_constraint(x_DxV, P(None, tensor))
+    return jax.lax.with_sharding_constraint(x_DxV, logical_spec(("activation_embed", "activation_vocab"),
+                                                                x_DxV.shape, mesh))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -111,65 +116,94 @@ def constrain_batch(x):
 
 
 def constrain_residual(x_BxLxD):
-    """The residual stream laid out by RESIDUAL_RULE under the mesh being traced (`jax.set_mesh`); unchanged
+    """The residual stream laid out by RESIDUAL_AXES under the mesh being traced (`jax.set_mesh`); unchanged
     without one."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
         return constrain_batch(x_BxLxD)
-    spec = [axes if isinstance(axes, tuple) or _divides(axes, size, mesh) else None
-            for axes, size in zip(RESIDUAL_RULE, x_BxLxD.shape)]
-    return jax.lax.with_sharding_constraint(x_BxLxD, P(*spec))
+    return jax.lax.with_sharding_constraint(x_BxLxD, logical_spec(RESIDUAL_AXES, x_BxLxD.shape, mesh))
 
 
-def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H):
+def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head_H):
     """fn(q, k, v, *per_head) applied shard by shard under the mesh being traced (`jax.set_mesh`): the batch
-    split over data × fsdp and the heads over tensor, where they divide; called whole without a mesh. For
-    kernels that XLA cannot partition (Pallas calls)."""
+    split over data × fsdp and the query and key/value heads over tensor, where they divide; called whole without
+    a mesh. For kernels that XLA cannot partition (Pallas calls).
+
+    Each chip must hold the key/value heads its query heads read (query head h reads h // (H/G)), so the heads
+    are split only when tensor divides both H and G. Fewer key/value heads than tensor chips are first repeated to
+    one per chip (which keeps that reading), and when neither works the heads stay whole
+    (`unsplit_activations` states it)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
-        return fn(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
-    batch, _, heads, _ = q_BxLxHxK.shape
-    batch_axes = BATCH_AXES if batch % data_shards(mesh) == 0 else None
-    head_axis = "tensor" if heads % mesh.shape["tensor"] == 0 else None
-    spec = P(batch_axes, None, head_axis, None)
-    return jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec, spec) + (P(head_axis),) * len(per_head_H),
-                         out_specs=spec)(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head_H)
+        return fn(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head_H)
+    tensor, kv_heads = mesh.shape["tensor"], k_BxLxGxK.shape[2]
+    if q_BxLxHxK.shape[2] % tensor == 0 and tensor % kv_heads == 0 and kv_heads < tensor:
+        k_BxLxGxK, v_BxLxGxK = (jnp.repeat(t, tensor // kv_heads, axis=2) for t in (k_BxLxGxK, v_BxLxGxK))
+    q_spec = logical_spec(("batch", None, "activation_heads", None), q_BxLxHxK.shape, mesh)
+    kv_spec = logical_spec(("batch", None, "activation_kv_heads", None), k_BxLxGxK.shape, mesh)
+    if q_spec[2] is None or kv_spec[2] is None:
+        q_spec, kv_spec = P(q_spec[0], None, None, None), P(kv_spec[0], None, None, None)
+    head_spec = P(q_spec[2])
+    return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec) + (head_spec,) * len(per_head_H),
+                         out_specs=q_spec)(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head_H)
 
 
-def _rule(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[str | None, ...]:
-    """The mesh axis (or None) of every dim of the parameter at `path`: its rule's, after leading (scanned layer)
-    dims that are replicated; () for a vector (replicated). ValueError for a parameter without a rule."""
-    if path[-1] in VECTOR_LEAVES:
+def _split(logical: str | None, mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes that split the logical axis `logical` (none for None)."""
+    if logical is None:
         return ()
-    name = path[-2] if path[-1] == "kernel" else path[-1]
-    rule = PARAM_RULES.get(name)
-    if rule is None or len(shape) < len(rule):
-        raise ValueError(f"no sharding rule for the parameter {'/'.join(path)} of shape {shape}: name {name!r} "
-                         "in sharding.PARAM_RULES with a mesh axis per dim")
-    return (None,) * (len(shape) - len(rule)) + rule
+    if logical not in LOGICAL_RULES:
+        raise ValueError(f"the logical axis {logical!r} has no entry in sharding.LOGICAL_RULES; add one")
+    axes = LOGICAL_RULES[logical]
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def _divides(axis: str | None, size: int, mesh: Mesh) -> bool:
-    return axis is None or size % mesh.shape[axis] == 0
+def _divides(logical: str | None, size: int, mesh: Mesh) -> bool:
+    return size % math.prod(mesh.shape[a] for a in _split(logical, mesh)) == 0
 
 
-def param_spec(path: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
-    """The spec of one parameter: its rule's axes, each where it divides the dim."""
-    return P(*(axis if _divides(axis, size, mesh) else None for axis, size in zip(_rule(path, shape), shape)))
+def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
+    """The spec of an array whose dims have the logical `axes`: each dim split over its rule's mesh axes where they
+    divide it, else whole."""
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {axes} do not match the shape {shape}; declare one axis per dim")
+    entries = []
+    for logical, size in zip(axes, shape):
+        split = _split(logical, mesh) if _divides(logical, size, mesh) else ()
+        entries.append(None if not split else split[0] if isinstance(LOGICAL_RULES[logical], str) else split)
+    return P(*entries)
 
 
-def unsplit(params, mesh: Mesh) -> list[str]:
-    """The parameter dims that their rule's mesh axis does not divide, kept whole on every chip: one entry per
-    parameter name and dim, e.g. "embed dim 0 (257) over tensor (2)"."""
+def _undivided(name: str, logical: str, size: int, mesh: Mesh) -> str | None:
+    if _divides(logical, size, mesh):
+        return None
+    split = _split(logical, mesh)
+    return f"{name} ({size}) over {'×'.join(split)} ({math.prod(mesh.shape[a] for a in split)})"
+
+
+def unsplit(declared, params, mesh: Mesh) -> list[str]:
+    """The parameter dims that their mesh axis does not divide, kept whole on every chip: one entry per logical
+    axis and size, e.g. "vocab (257) over tensor (2)". `declared`: `transformer.declarations`; `params`: the
+    parameters or their shapes."""
     out = []
-    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        keys = path_keys(path)
-        name = keys[-2] if keys[-1] == "kernel" else keys[-1]
-        for dim, (axis, size) in enumerate(zip(_rule(keys, x.shape), x.shape)):
-            entry = f"{name} dim {dim} ({size}) over {axis} ({mesh.shape.get(axis)})"
-            if not _divides(axis, size, mesh) and entry not in out:
+    for d, x in zip(jax.tree.leaves(declared), jax.tree.leaves(params)):
+        for logical, size in zip(d.axes, x.shape):
+            entry = _undivided(logical, logical, size, mesh)
+            if entry and entry not in out:
                 out.append(entry)
     return out
+
+
+def unsplit_activations(cfg: ModelConfig, rows: int, seq_len: int, mesh: Mesh) -> list[str]:
+    """The activation dims that their mesh axis does not divide, kept whole on every chip: the batch (`rows` per
+    microbatch), the residual stream's sequence, and the heads of a flash kernel (`map_over_batch_and_heads`)."""
+    found = [_undivided("batch rows", "batch", rows, mesh), _undivided("sequence", "sequence", seq_len, mesh)]
+    tensor = mesh.shape["tensor"]
+    kv_splits = cfg.kv_heads % tensor == 0 or tensor % cfg.kv_heads == 0
+    if cfg.attention_kernel == "flash" and (cfg.n_heads % tensor or not kv_splits):
+        found.append(f"attention heads {cfg.n_heads} and kv heads {cfg.kv_heads} over tensor ({tensor}), which "
+                     "must divide the heads and divide or be divided by the kv heads")
+    return [entry for entry in found if entry]
 
 
 def unsplit_note(dims: list[str]) -> str:
@@ -177,10 +211,10 @@ def unsplit_note(dims: list[str]) -> str:
     return f"; kept whole, the mesh axis does not divide them: {', '.join(dims)}" if dims else ""
 
 
-def param_shardings(params, mesh: Mesh):
-    """A NamedSharding per leaf of `params` (arrays or ShapeDtypeStructs)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, param_spec(path_keys(path), x.shape, mesh)), params)
+def param_shardings(declared, params, mesh: Mesh):
+    """A NamedSharding per leaf of `params` (arrays or ShapeDtypeStructs), from its declaration in `declared`
+    (`transformer.declarations`)."""
+    return jax.tree.map(lambda d, x: NamedSharding(mesh, logical_spec(d.axes, x.shape, mesh)), declared, params)
 
 
 def with_shardings(abstract, shardings):

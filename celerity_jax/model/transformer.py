@@ -18,7 +18,9 @@ from jax.ad_checkpoint import checkpoint_name
 from celerity_jax.errors import ConfigError
 from celerity_jax.model import (attention, completep, flash_attention, flash_attention_gpu, loss, matmul, positions,
                                 sharding)
+from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
+from celerity_jax.model.params import declarations_of, declare
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
 
@@ -38,20 +40,22 @@ REMAT_POLICIES = {
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer for S positions of each row (slot j holds position j), in the compute dtype.
-    Decoding writes the new tokens' keys and values at their positions and attends over the slots up to them."""
-    k_NxBxSxHxK: jax.Array
-    v_NxBxSxHxK: jax.Array
+    """Keys and values of every layer for S positions of each row (slot j holds position j) and each of the G
+    key/value heads, in the compute dtype. Decoding writes the new tokens' keys and values at their positions and
+    attends over the slots up to them."""
+    k_NxBxSxGxK: jax.Array
+    v_NxBxSxGxK: jax.Array
 
 
 def init_cache(cfg: ModelConfig, batch: int, slots: int) -> KVCache:
     """An empty cache of `slots` positions (at most max_seq_len) for `batch` rows."""
-    shape = (cfg.n_layers, batch, slots, cfg.n_heads, cfg.head_dim)
+    shape = (cfg.n_layers, batch, slots, cfg.kv_heads, cfg.head_dim)
     return KVCache(jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
 
 
 class Norm(nn.Module):
     cfg: ModelConfig
+    role: Role = Role.BLOCK_VECTOR
 
     @nn.compact
     def __call__(self, x_BxLxD):
@@ -60,15 +64,17 @@ class Norm(nn.Module):
         if cfg.norm == "layernorm":
             x = x - jnp.mean(x, axis=-1, keepdims=True)
         x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + cfg.norm_eps)
-        x = x * self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        x = x * self.param("scale", declare(nn.initializers.ones, self.role, ("norm",)), (x.shape[-1],))
         if cfg.norm == "layernorm" and cfg.use_bias:
-            x = x + self.param("bias", nn.initializers.zeros, (x.shape[-1],))
+            x = x + self.param("bias", declare(nn.initializers.zeros, self.role, ("norm",)), (x.shape[-1],))
         return x.astype(cfg.dtype)
 
 
-def _dense(cfg: ModelConfig, features: int, name: str) -> nn.Dense:
+def _dense(cfg: ModelConfig, features: int, name: str, axes: tuple[str, str], fold: str | None = None) -> nn.Dense:
+    """A projection whose kernel has the logical axes `axes` (in, out) and whose bias has the output axis."""
     dot_general = matmul.transposed_grad_dot_general if cfg.dense_backward_kernel == "transposed" else None
-    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=_unit_normal, dtype=cfg.dtype,
+    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=declare(_unit_normal, Role.HIDDEN, axes, fold),
+                    bias_init=declare(nn.initializers.zeros, Role.BLOCK_VECTOR, axes[1:], fold), dtype=cfg.dtype,
                     param_dtype=jnp.float32, dot_general=dot_general, name=name)
 
 
@@ -77,36 +83,36 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxLxD, cached=None):
-        """The attention branch. With `cached` = (k_BxSxHxK, v_BxSxHxK, positions_BxL): the tokens sit at those
+        """The attention branch. With `cached` = (k_BxSxGxK, v_BxSxGxK, positions_BxL): the tokens sit at those
         positions, their keys and values are written into the cache, and the queries attend over it; returns
         (out, (k, v)) then."""
         cfg = self.cfg
         b, l, d = x_BxLxD.shape
-        split = lambda t: t.reshape(b, l, cfg.n_heads, cfg.head_dim)
-        q_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "q")(x_BxLxD))
-        k_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "k")(x_BxLxD))
-        v_BxLxHxK = split(_dense(cfg, cfg.n_heads * cfg.head_dim, "v")(x_BxLxD))
+        q_BxLxHxK = _dense(cfg, cfg.n_heads * cfg.head_dim, "q", ("embed", "heads"), "query")(x_BxLxD).reshape(
+            b, l, cfg.n_heads, cfg.head_dim)
+        k_BxLxGxK, v_BxLxGxK = (_dense(cfg, cfg.kv_heads * cfg.head_dim, name, ("embed", "kv_heads"))(x_BxLxD)
+                                .reshape(b, l, cfg.kv_heads, cfg.head_dim) for name in ("k", "v"))
         scale = completep.forward_multipliers(cfg)["attention"]
         positions_BxL = None if cached is None else cached[2]
         if cfg.positions == "rope":
             q_BxLxHxK = positions.apply_rope(q_BxLxHxK, cfg.rope_theta, positions_BxL)
-            k_BxLxHxK = positions.apply_rope(k_BxLxHxK, cfg.rope_theta, positions_BxL)
-        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (checkpoint_name(t, name) for t, name in
-                                           ((q_BxLxHxK, "q"), (k_BxLxHxK, "k"), (v_BxLxHxK, "v")))
+            k_BxLxGxK = positions.apply_rope(k_BxLxGxK, cfg.rope_theta, positions_BxL)
+        q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = (checkpoint_name(t, name) for t, name in
+                                           ((q_BxLxHxK, "q"), (k_BxLxGxK, "k"), (v_BxLxGxK, "v")))
         slopes_H = positions.alibi_slopes(cfg.n_heads) if cfg.positions == "alibi" else None
-        o = _dense(cfg, d, "o")
+        o = _dense(cfg, d, "o", ("heads", "embed"), "residual")
         if cached is not None:
             rows_Bx1 = jnp.arange(b)[:, None]
-            k_BxSxHxK = cached[0].at[rows_Bx1, positions_BxL].set(k_BxLxHxK.astype(cached[0].dtype), mode="drop")
-            v_BxSxHxK = cached[1].at[rows_Bx1, positions_BxL].set(v_BxLxHxK.astype(cached[1].dtype), mode="drop")
-            out_BxLxHxK = attention.cached_attention(q_BxLxHxK, k_BxSxHxK, v_BxSxHxK, positions_BxL, scale=scale,
+            k_BxSxGxK = cached[0].at[rows_Bx1, positions_BxL].set(k_BxLxGxK.astype(cached[0].dtype), mode="drop")
+            v_BxSxGxK = cached[1].at[rows_Bx1, positions_BxL].set(v_BxLxGxK.astype(cached[1].dtype), mode="drop")
+            out_BxLxHxK = attention.cached_attention(q_BxLxHxK, k_BxSxGxK, v_BxSxGxK, positions_BxL, scale=scale,
                                                      alibi_slopes_H=slopes_H)
-            return o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim)), (k_BxSxHxK, v_BxSxHxK)
+            return o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim)), (k_BxSxGxK, v_BxSxGxK)
         if cfg.attention_kernel == "blocked":
-            out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
+            out_BxLxHxK = attention.causal_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, scale=scale,
                                                      alibi_slopes_H=slopes_H)
         elif cfg.attention_kernel == "flash":
-            out_BxLxHxK = platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, scale=scale,
+            out_BxLxHxK = platform_flash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, scale=scale,
                                                    alibi_slopes_H=slopes_H)
         else:
             bias = None
@@ -114,13 +120,13 @@ class Attention(nn.Module):
                 bias = positions.alibi_bias(cfg.n_heads, l)
                 if cfg.attention_kernel == "cudnn":  # the fused kernel wants the bias in the input dtype
                     bias = bias.astype(q_BxLxHxK.dtype)
-            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias, is_causal=True,
+            out_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, bias=bias, is_causal=True,
                                                        scale=scale, implementation=cfg.attention_kernel)
         out_BxLxHxK = checkpoint_name(out_BxLxHxK, "context")
         return checkpoint_name(o(out_BxLxHxK.reshape(b, l, cfg.n_heads * cfg.head_dim)), "attention_out")
 
 
-def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, alibi_slopes_H):
+def platform_flash_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *, scale: float, alibi_slopes_H):
     """The Pallas flash kernel of the platform the program is lowered for (also when compiled ahead of time from
     another host): Mosaic on a TPU, Triton on an NVIDIA GPU, the TPU kernel in the Pallas interpreter elsewhere
     (tests). It runs shard by shard under the mesh being traced, since XLA cannot partition a Pallas call."""
@@ -136,7 +142,7 @@ def platform_flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *, scale: float, a
             default=attend(flash_attention.flash_attention, interpret=True))
 
     per_head = () if alibi_slopes_H is None else (jnp.asarray(alibi_slopes_H, jnp.float32),)
-    return sharding.map_over_batch_and_heads(on_this_platform, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, *per_head)
+    return sharding.map_over_batch_and_heads(on_this_platform, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head)
 
 
 # The activation of each ungated ModelConfig.mlp (see its docstring; "swiglu" gates instead). "gelu" is the exact
@@ -154,12 +160,12 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD):
         cfg = self.cfg
-        h_BxLxF = _dense(cfg, cfg.d_ff, "up")(x_BxLxD)
+        h_BxLxF = _dense(cfg, cfg.d_ff, "up", ("embed", "mlp"))(x_BxLxD)
         if cfg.mlp == "swiglu":
-            h_BxLxF = jax.nn.silu(_dense(cfg, cfg.d_ff, "gate")(x_BxLxD)) * h_BxLxF
+            h_BxLxF = jax.nn.silu(_dense(cfg, cfg.d_ff, "gate", ("embed", "mlp"))(x_BxLxD)) * h_BxLxF
         else:
             h_BxLxF = ACTIVATIONS[cfg.mlp](h_BxLxF)
-        return _dense(cfg, x_BxLxD.shape[-1], "down")(h_BxLxF)
+        return _dense(cfg, x_BxLxD.shape[-1], "down", ("mlp", "embed"), "residual")(h_BxLxF)
 
 
 class Block(nn.Module):
@@ -194,10 +200,12 @@ class Transformer(nn.Module):
         the cache, and the result is (logits_BxLxV, the updated cache)."""
         cfg = self.cfg
         mult = completep.forward_multipliers(cfg)
-        embed_VxD = self.param("embed", _unit_normal, (cfg.vocab_size, cfg.d_model))
+        embed_VxD = self.param("embed", declare(_unit_normal, Role.EMBEDDING, ("vocab", "embed"), "input"),
+                               (cfg.vocab_size, cfg.d_model))
         x_BxLxD = jnp.take(embed_VxD, tokens_BxL, axis=0)
         if cfg.positions == "learned":
-            pos_LxD = self.param("pos_embed", _unit_normal, (cfg.max_seq_len, cfg.d_model))
+            pos_LxD = self.param("pos_embed", declare(_unit_normal, Role.EMBEDDING, ("position", "embed"), "input"),
+                                 (cfg.max_seq_len, cfg.d_model))
             x_BxLxD = x_BxLxD + (pos_LxD[None, : tokens_BxL.shape[1]] if cache is None
                                  else jnp.take(pos_LxD, positions_BxL, axis=0))
         x_BxLxD = sharding.constrain_residual((x_BxLxD * mult["input"]).astype(cfg.residual))
@@ -211,7 +219,7 @@ class Transformer(nn.Module):
             k, v = [], []
             for i in range(cfg.n_layers):
                 x_BxLxD, _, (k_i, v_i) = block(cfg, name=f"block_{i}")(
-                    x_BxLxD, (cache.k_NxBxSxHxK[i], cache.v_NxBxSxHxK[i], positions_BxL))
+                    x_BxLxD, (cache.k_NxBxSxGxK[i], cache.v_NxBxSxGxK[i], positions_BxL))
                 k.append(k_i)
                 v.append(v_i)
             cache = KVCache(jnp.stack(k), jnp.stack(v))
@@ -230,11 +238,12 @@ class Transformer(nn.Module):
                 rms_N = jnp.stack(rms)
             stats["residual_rms"] = rms_N
 
-        x_BxLxD = Norm(cfg, name="final_norm")(x_BxLxD)
+        x_BxLxD = Norm(cfg, Role.FINAL_NORM, name="final_norm")(x_BxLxD)
         if cfg.tie_embeddings:
             unembed_DxV = embed_VxD.T
         else:
-            unembed_DxV = self.param("unembed", _unit_normal, (cfg.d_model, cfg.vocab_size))
+            unembed_DxV = self.param("unembed", declare(_unit_normal, Role.UNEMBEDDING, ("embed", "vocab"), "output"),
+                                     (cfg.d_model, cfg.vocab_size))
         if not unembed:
             return x_BxLxD, unembed_DxV, stats
         logits_BxLxV = jnp.dot(x_BxLxD, unembed_DxV.astype(cfg.dtype),
@@ -249,11 +258,22 @@ def _rms(x) -> jnp.ndarray:
     return jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32))))
 
 
+def _init_boxed(cfg: ModelConfig, rng: jax.Array) -> dict:
+    return Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+
+
+@functools.cache
+def declarations(cfg: ModelConfig) -> dict:
+    """The `params.Declaration` of every parameter, in a tree mirroring `init_params(cfg, ...)` (nothing is
+    allocated)."""
+    return declarations_of(jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0))))
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
     """Float32 parameters with the per-role init std of `completep.multipliers`."""
-    raw = Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
-    stds = completep.multipliers(cfg, raw).init_std
+    raw = nn.meta.unbox(_init_boxed(cfg, rng))
+    stds = completep.multipliers(cfg, declarations(cfg)).init_std
     return jax.tree.map(lambda p, std: p * std if std > 0 else p, raw, stds)
 
 

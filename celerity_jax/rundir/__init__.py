@@ -1,6 +1,6 @@
 """The run directory: the names of its files, refusing one that holds a different run, and starting it over.
-Its modules: `identity` (what makes two runs the same run), `checkpoint` (the train state, checked) and `writers`
-(TensorBoard events, curve.csv).
+Its modules: `identity` (what makes two runs the same run), `checkpoint` (the train state, checked), `writers`
+(TensorBoard events, curve.csv) and `imported` (the run directory of an imported model).
 
 A run directory holds:
 - run.json: the run's identity (model, recipe, data, monitor, plan; see identity.py); a directory
@@ -13,6 +13,7 @@ A run directory holds:
 - checkpoints/: the train state and data position (see checkpoint.py);
 - timing.json: the wall-clock seconds spent training it (see celerity_jax/run.py);
 - init_from.json in a run started from another run's checkpoint (see train/init_from.py);
+- model.gin in the run directory of an imported model: its ModelConfig and tokenizer bindings (see imported.py);
 - run.lock, the writer's lock (see train/lock.py), and celerity.log, what libraries logged (train/logfile.py);
 - archived-<time>/: earlier runs moved aside by --force-new.
 """
@@ -35,6 +36,7 @@ LOSS_CSV = {"train": CURVE_CSV, "eval": EVAL_CSV}  # the loss curves a run recor
 CHECKPOINTS = "checkpoints"
 TIMING_JSON = "timing.json"
 INIT_FROM_JSON = "init_from.json"
+MODEL_GIN = "model.gin"
 LOCK_FILE = "run.lock"
 LOG_FILE = "celerity.log"
 ARCHIVE_PREFIX = "archived-"

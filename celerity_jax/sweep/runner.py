@@ -20,14 +20,14 @@ from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 from celerity_jax.run import Run, RunSpec, load as load_run
 from celerity_jax.sweep import report
-from celerity_jax.sweep.spec import Setting, SweepSpec, check_spec, size_name
+from celerity_jax.sweep.spec import SweepSpec, SweptValue, check_spec, size_name
 
 REFERENCE_SUFFIX = ".reference.json"
 
 
 @dataclasses.dataclass(frozen=True)
 class SettingRuns:
-    setting: Setting
+    setting: SweptValue
     target: Run                  # named by its label, e.g. "tau_0.2/d80"
     references: tuple[Run, ...]  # trained references (possibly shared with other settings)
     given: tuple[str, ...]       # given reference paths (JSON or CURVE)

@@ -13,7 +13,8 @@ METHODS = ("auto", "family", "nearest", "shrunk")  # "auto" and predictor.METHOD
 
 
 @dataclasses.dataclass(frozen=True)
-class Setting:
+class SweptValue:
+    """One value of the swept binding: one setting of the sweep."""
     value: str    # the gin literal, e.g. "0.2"
     name: str     # its directory, e.g. "tau_0.2"
     binding: str  # "RecipeConfig.tau = 0.2"
@@ -24,7 +25,7 @@ class SweepSpec:
     workdir: str
     model: str
     param: str
-    settings: tuple[Setting, ...]
+    settings: tuple[SweptValue, ...]
     gin_files: tuple[str, ...] = ()
     gin_params: tuple[str, ...] = ()
     reference_models: tuple[str, ...] = ()
@@ -40,7 +41,7 @@ class SweepSpec:
     force: bool = False
 
 
-def parse_sweep(text: str) -> tuple[str, tuple[Setting, ...]]:
+def parse_sweep(text: str) -> tuple[str, tuple[SweptValue, ...]]:
     """'Class.field=v1,v2,...' -> (param, settings)."""
     param, sep, values_text = text.partition("=")
     param = param.strip()
@@ -51,7 +52,7 @@ def parse_sweep(text: str) -> tuple[str, tuple[Setting, ...]]:
         raise ConfigError(f"--sweep {text!r}: a value is repeated; give each value once")
     field = param.split(".")[1]
     names = [f"{field}_" + re.sub(r"[^A-Za-z0-9._-]+", "_", v.strip("'\"")) for v in values]
-    settings = tuple(Setting(v, name, f"{param} = {v}") for v, name in zip(values, names))
+    settings = tuple(SweptValue(v, name, f"{param} = {v}") for v, name in zip(values, names))
     if len({s.name for s in settings}) != len(settings):
         raise ConfigError(f"--sweep {text!r}: values {values} give clashing directory names")
     return param, settings

@@ -33,9 +33,10 @@ def init_state(model_cfg: ModelConfig, optimizer: optax.GradientTransformation, 
                       first_bad_step=jnp.full([], -1, jnp.int32))
 
 
-def state_shardings(abstract_state: TrainState, mesh, optimizer: optax.GradientTransformation) -> TrainState:
+def state_shardings(model_cfg: ModelConfig, abstract_state: TrainState, mesh,
+                    optimizer: optax.GradientTransformation) -> TrainState:
     """A NamedSharding for every leaf of the train state (rules in `celerity_jax/model/sharding.py`)."""
-    param_sh = sharding.param_shardings(abstract_state.params, mesh)
+    param_sh = sharding.param_shardings(transformer.declarations(model_cfg), abstract_state.params, mesh)
     rep = sharding.replicated(mesh)
     return TrainState(step=rep, params=param_sh,
                       opt_state=sharding.opt_state_shardings(optimizer, abstract_state.opt_state, param_sh, mesh),
@@ -74,11 +75,11 @@ def _grads(loss_fn, params, batch, microbatches: int):
 
 
 def _role_ratios(roles, updates, params) -> dict[str, jax.Array]:
-    """Per CompleteP role: RMS of the update over RMS of the parameters."""
+    """Per CompleteP role: RMS of the update over RMS of the parameters; `roles`: a tree of Role mirroring them."""
     out = {}
     for role in completep.Role:
-        picked = [(u, p) for r, u, p in zip(jax.tree.leaves(roles, is_leaf=lambda x: isinstance(x, completep.Role)),
-                                             jax.tree.leaves(updates), jax.tree.leaves(params)) if r is role]
+        picked = [(u, p) for r, u, p in zip(jax.tree.leaves(roles), jax.tree.leaves(updates),
+                                             jax.tree.leaves(params)) if r is role]
         if picked:
             u2 = sum(jnp.sum(jnp.square(u)) for u, _ in picked)
             p2 = sum(jnp.sum(jnp.square(p)) for _, p in picked)
@@ -95,9 +96,10 @@ def _skip_keeping_counts(new_opt_state, old_opt_state, finite):
     return jax.tree_util.tree_map_with_path(pick, new_opt_state, old_opt_state)
 
 
-def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainState, grads, ce,
+def apply_gradients(plan, optimizer: optax.GradientTransformation, roles, state: TrainState, grads, ce,
                     monitor_train_loss: bool = True):
-    """The update from the mean gradient and cross-entropy of a step: (state, metrics).
+    """The update from the mean gradient and cross-entropy of a step: (state, metrics). `roles`: the parameters'
+    CompleteP roles (`completep.multipliers(...).role`), for the per-role update ratios.
 
     A non-finite loss or gradient leaves params and optimizer moments untouched. `monitor_train_loss`: the
     collapse monitor follows the training loss (else the eval loss, added by `monitor_eval_loss`)."""
@@ -117,7 +119,7 @@ def apply_gradients(plan, optimizer: optax.GradientTransformation, state: TrainS
     metrics = {"train/loss": ce, "opt/grad_norm": optax.tree.norm(grads),
                "opt/param_norm": optax.tree.norm(new_state.params)}
     metrics.update({f"opt/{k}": v for k, v in optim.optimizer_metrics(plan, opt_state).items()})
-    metrics.update(_role_ratios(completep.param_roles(state.params), updates, state.params))
+    metrics.update(_role_ratios(roles, updates, state.params))
     return new_state, metrics
 
 
@@ -134,10 +136,11 @@ def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTrans
                     monitor_train_loss: bool = True) -> Callable:
     """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
     gradients = make_gradients(model_cfg, microbatches=microbatches, z_loss=z_loss)
+    roles = completep.multipliers(model_cfg, transformer.declarations(model_cfg)).role
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
         grads, ce = gradients(state.params, batch)
-        return apply_gradients(plan, optimizer, state, grads, ce, monitor_train_loss)
+        return apply_gradients(plan, optimizer, roles, state, grads, ce, monitor_train_loss)
 
     return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None))
@@ -169,8 +172,9 @@ class StepBuild:
             return self.train_step.lower(*self.abstract_inputs(batch_seqs, seq_len))
 
     def setting(self, plan) -> dict:
-        """How the step trades memory for speed, each "auto" choice resolved, and the parameter dims kept whole
-        (`sharding.unsplit`): what `setting_line` states, and what `celerity compile` reports."""
+        """How the step trades memory for speed, each "auto" choice resolved, and the parameter and activation dims
+        kept whole (`sharding.unsplit`, `unsplit_activations`): what `setting_line` states, and what
+        `celerity compile` reports."""
         cfg = self.model_cfg
         local_seqs = sharding.local_batch(plan.batch_seqs // self.microbatches, self.mesh)
         return {"mesh_shape": [self.mesh.shape[axis] for axis in sharding.MESH_AXES],
@@ -179,18 +183,21 @@ class StepBuild:
                 "dense_backward": cfg.dense_backward_kernel,
                 "logits_chunk_len": loss.logits_chunk_len(cfg.logits_chunk_len, local_seqs, plan.seq_len,
                                                           cfg.vocab_size),
-                "seq_len": plan.seq_len, "unsplit": sharding.unsplit(self.abstract_state.params, self.mesh)}
+                "seq_len": plan.seq_len,
+                "unsplit": (sharding.unsplit(transformer.declarations(cfg), self.abstract_state.params, self.mesh)
+                            + sharding.unsplit_activations(cfg, plan.batch_seqs // self.microbatches, plan.seq_len,
+                                                           self.mesh))}
 
 
 def build_step(model_cfg: ModelConfig, plan, monitor_cfg, mesh, *, microbatches: int, z_loss: float,
                seed: int) -> StepBuild:
     """The optimizer, the sharded train state and the jitted train step of a run on `mesh`."""
     rng = jax.random.key(seed)
-    multipliers = completep.multipliers(model_cfg, jax.eval_shape(lambda: transformer.init_params(model_cfg, rng)))
+    multipliers = completep.multipliers(model_cfg, transformer.declarations(model_cfg))
     optimizer = optim.build_optimizer(plan, multipliers)
     init = lambda: init_state(model_cfg, optimizer, monitor_cfg, rng)  # noqa: E731
     abstract = jax.eval_shape(init)
-    state_sh = state_shardings(abstract, mesh, optimizer)
+    state_sh = state_shardings(model_cfg, abstract, mesh, optimizer)
     batch_sh = sharding.batch_sharding(mesh)
     train_step = make_train_step(model_cfg, plan, optimizer, microbatches=microbatches, z_loss=z_loss,
                                  state_shardings=state_sh, batch_sharding=batch_sh,

@@ -17,7 +17,7 @@ import jax
 
 from celerity_jax import gin_config
 from celerity_jax.aot import footprint
-from celerity_jax.aot.compile import Setting
+from celerity_jax.aot.row import Row
 from celerity_jax.fileio import write_json_atomic
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,19 +41,19 @@ def main(argv=None) -> int:
     print("| size | slice | mesh | microbatches | remat | XLA GB | model GB | model ÷ XLA |\n|---|---|---|---|---|---|---|---|")
     for search in searches:
         configs = gin_config.parse_gin([os.path.join(HERE, f"{search['size']}_20tpp.gin")])
-        for r in search["tried"]:
-            key = (search["size"], search["topology"], tuple(r["mesh_shape"]), r["microbatches"], r["remat"])
-            if r.get("skipped") or not r.get("bytes_per_chip") or key in seen:
+        for row in map(Row.from_json, search["tried"]):
+            setting = row.setting
+            key = (search["size"], search["topology"], setting.mesh_shape, setting.microbatches, setting.remat)
+            if row.skipped or not row.bytes_per_chip or key in seen:
                 continue
             seen.add(key)
-            setting = Setting.of_report(r)
             model = footprint.of_setting(configs, search["topology"], setting).total
-            rows.append({"size": search["size"], "topology": search["topology"], "mesh_shape": r["mesh_shape"],
-                         "microbatches": r["microbatches"], "remat": r["remat"], "xla_bytes": r["bytes_per_chip"],
+            rows.append({"size": search["size"], "topology": search["topology"], "mesh_shape": list(setting.mesh_shape),
+                         "microbatches": setting.microbatches, "remat": setting.remat, "xla_bytes": row.bytes_per_chip,
                          "model_bytes": model})
-            print(f"| {search['size']} | {search['topology']} | {tuple(r['mesh_shape'])} | {r['microbatches']} | "
-                  f"{r['remat']} | {r['bytes_per_chip'] / 1e9:.1f} | {model / 1e9:.1f} | "
-                  f"{model / r['bytes_per_chip']:.2f} |", flush=True)
+            print(f"| {search['size']} | {search['topology']} | {setting.mesh_shape} | {setting.microbatches} | "
+                  f"{setting.remat} | {row.bytes_per_chip / 1e9:.1f} | {model / 1e9:.1f} | "
+                  f"{model / row.bytes_per_chip:.2f} |", flush=True)
     for remat in ("none", "dots", "full"):
         ratios = [r["model_bytes"] / r["xla_bytes"] for r in rows if r["remat"] == remat]
         if ratios:

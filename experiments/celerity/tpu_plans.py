@@ -22,6 +22,7 @@ from celerity_jax.aot import calibration
 from celerity_jax.aot.cache import DEFAULT_CACHE
 from celerity_jax.aot.cache import Cache
 from celerity_jax.aot.compile import slice_devices
+from celerity_jax.aot.row import Row
 from celerity_jax.aot.search import search
 from celerity_jax.fileio import write_json_atomic, write_text_atomic
 
@@ -67,8 +68,9 @@ def main(argv=None) -> int:
             print(f"== {size} on {topology}", flush=True)
             found = search(configs, topology, cache=Cache(args.cache_dir), jobs=args.jobs,
                            log=lambda row: print(row, flush=True))
-            best, tried = found.best, found.tried
-            results.append({"size": size, "topology": topology, "best": best, "tried": tried,
+            results.append({"size": size, "topology": topology,
+                            "best": found.best.to_json() if found.best else None,
+                            "tried": [row.to_json() for row in found.tried],
                             "search_seconds": round(time.time() - t0, 1), "compiles": found.compiles,
                             "steps": {band: _steps(size, band) for band in BANDS}})
             write_json_atomic(os.path.join(HERE, "tpu_plans.json"), results)
@@ -140,10 +142,10 @@ def table(results: list[dict], args) -> str:
 
 
 def _search_row(result: dict) -> list:
-    settings = [r for r in result["tried"] if "skipped" not in r]
-    meshes = {tuple(r["mesh_shape"]) for r in settings}
-    return [result["size"], result["topology"], len(meshes), sum(bool(r.get("by_model")) for r in settings),
-            sum(bool(r.get("bytes_per_chip")) for r in settings), result["compiles"],
+    settings = [row for row in map(Row.from_json, result["tried"]) if row.skipped is None]
+    meshes = {row.setting.mesh_shape for row in settings}
+    return [result["size"], result["topology"], len(meshes), sum(row.by_model is not None for row in settings),
+            sum(bool(row.bytes_per_chip) for row in settings), result["compiles"],
             f"{result['search_seconds'] / 60:.1f}"]
 
 

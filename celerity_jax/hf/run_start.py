@@ -1,28 +1,26 @@
-"""The run directory of an imported model: what `loader.load_model` and TrainConfig.init_from read.
+"""An imported model as the start of a run: the run's definition and its train state at step 0, written as a run
+directory by `celerity_jax.rundir.imported`.
 
 Its configs are those of the run that will start from it (gin files and bindings; without any, the defaults with
 the sequence length capped at the model's context) with the imported ModelConfig and tokenizer bound over them; its
-checkpoint at step 0 is the train state such a run starts with (fresh optimizer state, empty monitor curve, data
-iterator at its start) holding the imported parameters.
+train state at step 0 is the one such a run starts with (fresh optimizer state, empty monitor curve, data iterator
+at its start) holding the imported parameters.
 """
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 
-from celerity_jax import gin_config, optim, recipe, rundir
+from celerity_jax import gin_config, optim, recipe
+from celerity_jax.configs import RunConfigs, RunDefinition
 from celerity_jax.data import pipeline
 from celerity_jax.data.tokenizer import load_tokenizer
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import completep
+from celerity_jax.model import completep, transformer
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.rundir.checkpoint import Checkpointer
-from celerity_jax.rundir.identity import Identity
+from celerity_jax.rundir import imported
 from celerity_jax.train import step as step_lib
-
-MODEL_GIN = "model.gin"
 
 
 def bindings(cfg: ModelConfig, tokenizer: str, separator_token: str) -> list[str]:
@@ -31,24 +29,26 @@ def bindings(cfg: ModelConfig, tokenizer: str, separator_token: str) -> list[str
             + [f"DataConfig.tokenizer = {tokenizer!r}", f"DataConfig.separator_token = {separator_token!r}"])
 
 
-def write(folder: str, cfg: ModelConfig, params: dict, *, tokenizer: str, separator_token: str, tokenizer_now: str,
-          gin_files=(), gin_params=()) -> dict:
-    """Writes the run files and the step-0 checkpoint into `folder`. `tokenizer` is the DataConfig.tokenizer the run
-    records (where the file will be); `tokenizer_now` where it can be read while the folder is being built."""
-    model_bindings = bindings(cfg, tokenizer, separator_token)
+def run_configs(cfg: ModelConfig, model_bindings: list[str], gin_files=(), gin_params=()) -> RunConfigs:
+    """The configs of the gin files and bindings, or without any the defaults with the sequence length capped at the
+    model's context, with `model_bindings` over them."""
     defaults = [] if gin_files or gin_params else [
         f"RecipeConfig.seq_len = {min(recipe.RecipeConfig().seq_len, cfg.max_seq_len)}"]
-    configs = gin_config.parse_gin(list(gin_files), [*gin_params, *defaults, *model_bindings])
+    return gin_config.parse_gin(list(gin_files), [*gin_params, *defaults, *model_bindings])
+
+
+def write(folder: str, cfg: ModelConfig, params: dict, *, tokenizer: str, separator_token: str, tokenizer_now: str,
+          gin_files=(), gin_params=()) -> dict:
+    """Writes the run directory into `folder`. `tokenizer` is the DataConfig.tokenizer the run records (where the file
+    will be); `tokenizer_now` where it can be read while the folder is being built."""
+    model_bindings = bindings(cfg, tokenizer, separator_token)
+    configs = run_configs(cfg, model_bindings, gin_files, gin_params)
     vocab = load_tokenizer(tokenizer_now, separator_token).vocab_size
     if vocab > cfg.vocab_size:
         raise ConfigError(f"the folder's tokenizer has {vocab} token ids but the model's vocabulary holds "
                           f"{cfg.vocab_size}; the tokenizer does not belong to these weights")
-    plan = recipe.make_plan(configs.model, configs.recipe)
-    identity = Identity.of(configs, plan)
-    rundir.write_run_files(folder, identity, plan, gin_config.operative_config_str())
-    with open(os.path.join(folder, MODEL_GIN), "w") as f:
-        f.write("# The imported model and its tokenizer: layer this file after a training run's gin files.\n")
-        f.write("\n".join(model_bindings) + "\n")
+    definition = RunDefinition.of(configs, gin_config.operative_config_str())
+    plan = definition.plan
 
     data = dataclasses.replace(configs.data, tokenizer=tokenizer_now)
     data_it = pipeline.make_train_iterator(data, plan.seq_len, plan.batch_seqs, seed=configs.train.seed)
@@ -56,11 +56,8 @@ def write(folder: str, cfg: ModelConfig, params: dict, *, tokenizer: str, separa
     data_it.close()
 
     params = jax.tree.map(jnp.asarray, params)
-    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, params))
+    optimizer = optim.build_optimizer(plan, completep.multipliers(cfg, transformer.declarations(cfg)))
     state = step_lib.init_state(cfg, optimizer, configs.monitor, jax.random.key(configs.train.seed))
     state = dataclasses.replace(state, params=params, opt_state=optimizer.init(params))
-    checkpointer = Checkpointer(os.path.join(folder, rundir.CHECKPOINTS), identity, keep_last=1, keep_every=0,
-                                use_async=False)
-    checkpointer.save(0, state, data_state)
-    checkpointer.close()
+    imported.write(folder, definition, model_bindings, state, data_state)
     return {"step": 0, "n_params": plan.n_params, "plan_steps": plan.steps, "tokenizer": tokenizer}

@@ -36,9 +36,6 @@ CASES = {
     "llama_grouped_query": ("llama", dict(positions="rope", norm="rmsnorm", mlp="swiglu", head_dim=8, n_heads=4,
                                           n_kv_heads=2)),
     "celerity_alibi_grouped_query": ("celerity", dict(head_dim=8, n_heads=4, n_kv_heads=1)),
-    # GPT-NeoX has no grouped-query attention: this model goes to Celerity's class
-    "celerity_rope_layernorm_gelu_grouped_query": ("celerity", dict(positions="rope", mlp="gelu", head_dim=8,
-                                                                    n_heads=4, n_kv_heads=2)),
     "gpt_neox_gelu": ("gpt_neox", dict(positions="rope", mlp="gelu")),
     "gpt_neox_relu2_bias": ("gpt_neox", dict(positions="rope", mlp="squared_relu", use_bias=True, head_dim=8,
                                              n_heads=4)),

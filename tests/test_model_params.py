@@ -7,7 +7,7 @@ import pytest
 from celerity_jax.model import sharding, transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.params import FOLDS, LAYERS, Declaration, count_params, flops_per_token
+from celerity_jax.model.params import FOLDS, LAYERS, Declaration, count_params, declare, flops_per_token
 from celerity_jax.model.presets import PRESETS
 
 
@@ -53,6 +53,11 @@ def test_every_parameter_of_every_preset_declares_a_role_and_an_axis_per_dim(nam
         assert len(d.axes) == x.ndim and all(axis in sharding.LOGICAL_RULES for axis in d.axes)
         assert d.fold in FOLDS + (None,)
         assert (d.axes[0] == LAYERS) == (cfg.scan_layers and d.role in (Role.HIDDEN, Role.BLOCK_VECTOR))
+
+
+def test_a_fold_that_is_no_forward_multiplier_is_refused():
+    with pytest.raises(ValueError, match="fold 'logits' is none of"):
+        declare(lambda key, shape: None, Role.HIDDEN, ("embed", "mlp"), "logits")
 
 
 def test_grouped_key_value_heads_shrink_k_and_v_only():

@@ -59,6 +59,8 @@ class Declared(nn.meta.AxisMetadata):
 
 def declare(init: Callable, role: Role, axes: tuple[str, ...], fold: str | None = None) -> Callable:
     """The flax initializer `init`, its result declared (role, logical axes, fold)."""
+    if fold not in FOLDS + (None,):
+        raise ValueError(f"fold {fold!r} is none of {FOLDS}; declare one of them, or None")
     declaration = Declaration(role, axes, fold)
     return lambda *args: Declared(init(*args), declaration)
 

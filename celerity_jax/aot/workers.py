@@ -1,7 +1,6 @@
 """The compiles of `celerity compile --search`, in this process or in a pool of worker processes: a task is a
 compile report of a step (`StepTask`) or one piece of an estimate compiled into the cache (`PieceTask`)."""
 
-import ctypes
 import dataclasses
 import heapq
 import itertools
@@ -9,12 +8,12 @@ import multiprocessing
 import os
 import queue
 import signal
-import sys
 from typing import Any, ClassVar
 
 from celerity_jax.aot.cache import Cache
 from celerity_jax.aot.compile import GradientPiece, StepSetting, UpdatePiece, compile_piece, compile_report
 from celerity_jax.errors import ConfigError
+from celerity_jax.processes import die_with_parent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,18 +53,11 @@ def run_task(task: StepTask | PieceTask):
     return task.run()
 
 
-PR_SET_PDEATHSIG = 1
-
-
 def _start_worker():
     import jax
 
-    if sys.platform.startswith("linux"):
-        # A search killed outright (SIGTERM, SIGKILL) would leave its workers compiling for minutes: the kernel
-        # ends them with it.
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != multiprocessing.parent_process().pid:  # it died before this worker asked
-            os._exit(1)
+    # A search killed outright (SIGTERM, SIGKILL) would leave its workers compiling for minutes.
+    die_with_parent(multiprocessing.parent_process().pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     # A worker's results and errors come back through the pool; what libtpu writes to stderr (start-up warnings,
     # and a crash report when a stopped search terminates the worker) would only bury the search's own lines.

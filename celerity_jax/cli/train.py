@@ -34,6 +34,8 @@ def train_command(args: argparse.Namespace) -> int:
     if (args.coordinator_address or args.distributed) and not supervisor.is_child():
         # a lost process is then reported in one line (train/supervisor.py)
         return supervisor.train_supervised(sys.argv[1:], args.process_id, args.heartbeat_timeout)
+    if supervisor.is_child():
+        supervisor.end_with_supervisor()
     logfile.send_library_output_to_log(args.workdir, args.verbose or logfile.verbose_from_env())
     with interrupts.handled():  # before JAX starts: an early Ctrl-C must not land inside its callbacks
         import jax

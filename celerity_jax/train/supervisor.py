@@ -15,8 +15,9 @@ import subprocess
 import sys
 
 from celerity_jax.errors import RunStopped
+from celerity_jax.processes import die_with_parent
 
-CHILD_ENV = "CELERITY_SUPERVISED"  # set in the child, which trains itself
+CHILD_ENV = "CELERITY_SUPERVISED"  # set in the child, which trains itself: the supervising parent's PID
 _UNHEALTHY = "The following tasks are unhealthy"
 # What the runtime logs as it gives up on the run: a lost task reported by the coordinator, or the coordinator
 # itself gone (when process 0 is the one lost).
@@ -30,7 +31,13 @@ class ProcessLost(RunStopped):
 
 
 def is_child() -> bool:
-    return os.environ.get(CHILD_ENV) == "1"
+    return bool(os.environ.get(CHILD_ENV))
+
+
+def end_with_supervisor() -> None:
+    """In the child: it ends when its supervisor does, even one killed outright (SIGKILL), rather than train on
+    as an orphan holding the accelerators and the run lock."""
+    die_with_parent(int(os.environ[CHILD_ENV]))
 
 
 def lost_processes(stderr_lines: list[str]) -> list[int]:
@@ -50,7 +57,7 @@ def lost_processes(stderr_lines: list[str]) -> list[int]:
 def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout: int) -> int:
     """Runs `celerity <argv>` in a child process; returns its exit code, or raises ProcessLost when the distributed
     runtime aborted it because another process was lost."""
-    child = subprocess.Popen([sys.executable, "-m", "celerity_jax.cli", *argv], env={**os.environ, CHILD_ENV: "1"},
+    child = subprocess.Popen([sys.executable, "-m", "celerity_jax.cli", *argv], env={**os.environ, CHILD_ENV: str(os.getpid())},
                              stderr=subprocess.PIPE, text=True, errors="replace")
     # Ctrl-C reaches the child from the terminal itself; the child saves a checkpoint and exits.
     previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -35,6 +35,10 @@ def test_sampling_at_a_temperature_follows_the_seed(trained_run, capsys):
     ([], "give prompts with --prompt TEXT (repeatable) or --prompts-file F"),
     (["--prompt", "a", "--prompts-file", "p.txt"], "give prompts with --prompt TEXT"),
     (["--prompt", "a", "--top-p", "0"], "--top-p=0.0 in (0, 1]"),
+    (["--prompt", "a", "--temperature", "nan"], "--temperature=nan must be a finite number >= 0"),
+    (["--prompt", "a", "--temperature", "inf"], "--temperature=inf must be a finite number >= 0"),
+    (["--prompt", "a", "--seed", "1180591620717411303424"], "--seed=1180591620717411303424 must be a whole number"),
+    (["--prompt", "a", "--stop", ""], "--stop got an empty string"),
     (["--prompt", "a", "--max-new-tokens", "0"], "--max-new-tokens=0 must be a positive whole number"),
 ])
 def test_bad_input_gives_one_line(args, message, trained_run, capsys):

@@ -2,6 +2,7 @@
 tasks on it, scores into the run directory and TensorBoard). The library is `celerity_jax/evaluate/`."""
 
 import argparse
+import math
 import os
 
 from celerity_jax.cli import options
@@ -70,8 +71,14 @@ def _read_prompts(args) -> list[str]:
 
 def sample_command(args: argparse.Namespace) -> int:
     _positive(args, "max_new_tokens", "batch_size")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise ConfigError(f"--temperature={args.temperature} must be >= 0 and --top-p={args.top_p} in (0, 1]")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0) or not 0 < args.top_p <= 1:
+        raise ConfigError(f"--temperature={args.temperature} must be a finite number >= 0 and --top-p={args.top_p} "
+                          "in (0, 1]")
+    if not 0 <= args.seed < 2**63:
+        raise ConfigError(f"--seed={args.seed} must be a whole number in [0, 2**63); choose a smaller seed")
+    if "" in args.stop:
+        raise ConfigError("--stop got an empty string, which would stop every generation before its first token; "
+                          "give non-empty stop strings")
     prompts = _read_prompts(args)
     from celerity_jax.evaluate import harness, loader, sampler
 

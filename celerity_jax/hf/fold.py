@@ -45,28 +45,32 @@ def constants(cfg: ModelConfig) -> dict[str, float]:
             "residual": mult["residual"], "output": mult["output"]}
 
 
+def _unscanned(cfg: ModelConfig) -> dict[str, Declaration]:
+    return flat_tree(transformer.declarations(dataclasses.replace(cfg, scan_layers=False)))
+
+
 @functools.cache
 def declarations(cfg: ModelConfig) -> dict[str, Declaration]:
     """{flat path: Declaration} of the unscanned parameters of `cfg`, and of the `unembed` that a tied model's
-    export adds (the embedding's transpose, which feeds the logits)."""
-    flat = flat_tree(transformer.declarations(dataclasses.replace(cfg, scan_layers=False)))
+    export adds (the embedding's transpose, which feeds the logits): declared as the untied model declares it."""
+    flat = _unscanned(cfg)
     if cfg.tie_embeddings:
-        flat[tied_unembed(cfg)] = Declaration(Role.UNEMBEDDING, ("embed", "vocab"), "output")
+        path = tied_unembed(cfg)
+        flat[path] = _unscanned(dataclasses.replace(cfg, tie_embeddings=False))[path]
     return flat
 
 
 @functools.cache
 def token_embedding(cfg: ModelConfig) -> str:
     """The flat path of the token embedding: the one parameter with a vocab × embed layout."""
-    return next(p for p, d in flat_tree(transformer.declarations(dataclasses.replace(cfg, scan_layers=False))).items()
-                if d.axes == ("vocab", "embed"))
+    return next(p for p, d in _unscanned(cfg).items() if d.axes == ("vocab", "embed"))
 
 
 @functools.cache
 def tied_unembed(cfg: ModelConfig) -> str:
     """The flat path under which a tied model's export holds the unembedding (the untied model's own path)."""
-    untied = dataclasses.replace(cfg, tie_embeddings=False, scan_layers=False)
-    return next(p for p, d in flat_tree(transformer.declarations(untied)).items() if d.role is Role.UNEMBEDDING)
+    untied = dataclasses.replace(cfg, tie_embeddings=False)
+    return next(p for p, d in _unscanned(untied).items() if d.role is Role.UNEMBEDDING)
 
 
 def leaf_factor(cfg: ModelConfig, path: str) -> float:

@@ -148,7 +148,7 @@ def map_over_batch_and_heads(fn, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head_H):
                          out_specs=q_spec)(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, *per_head_H)
 
 
-def _split(logical: str | None, mesh: Mesh) -> tuple[str, ...]:
+def _split(logical: str | None) -> tuple[str, ...]:
     """The mesh axes that split the logical axis `logical` (none for None)."""
     if logical is None:
         return ()
@@ -159,7 +159,7 @@ def _split(logical: str | None, mesh: Mesh) -> tuple[str, ...]:
 
 
 def _divides(logical: str | None, size: int, mesh: Mesh) -> bool:
-    return size % math.prod(mesh.shape[a] for a in _split(logical, mesh)) == 0
+    return size % math.prod(mesh.shape[a] for a in _split(logical)) == 0
 
 
 def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
@@ -167,17 +167,14 @@ def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mes
     divide it, else whole."""
     if len(axes) != len(shape):
         raise ValueError(f"logical axes {axes} do not match the shape {shape}; declare one axis per dim")
-    entries = []
-    for logical, size in zip(axes, shape):
-        split = _split(logical, mesh) if _divides(logical, size, mesh) else ()
-        entries.append(None if not split else split[0] if isinstance(LOGICAL_RULES[logical], str) else split)
-    return P(*entries)
+    return P(*(LOGICAL_RULES[logical] if logical is not None and _divides(logical, size, mesh) else None
+               for logical, size in zip(axes, shape)))
 
 
 def _undivided(name: str, logical: str, size: int, mesh: Mesh) -> str | None:
     if _divides(logical, size, mesh):
         return None
-    split = _split(logical, mesh)
+    split = _split(logical)
     return f"{name} ({size}) over {'×'.join(split)} ({math.prod(mesh.shape[a] for a in split)})"
 
 

@@ -153,9 +153,11 @@ def run_demo(workdir: str, design: Design = DEFAULT, sizes: tuple[str, ...] | No
     start = time.time()
     runs = [dataclasses.replace(r, gin_files=r.gin_files + tuple(gin_files),
                                 gin_params=r.gin_params + tuple(gin_params)) for r in demo_runs(design, sizes)]
+    loaded_runs = [run.load(run.RunSpec(r.workdir(workdir), r.gin_files, r.gin_params, name=r.name)) for r in runs]
+    for loaded in loaded_runs:
+        check_eval_grid(loaded)
     seconds = {}
-    for r in runs:
-        loaded = run.load(run.RunSpec(r.workdir(workdir), r.gin_files, r.gin_params, name=r.name))
+    for r, loaded in zip(runs, loaded_runs):
         loaded.train_to(force_new=force_new, log=log)
         seconds[r.name] = loaded.train_seconds()
     downstream = score_downstream(workdir, [r for r in runs if r.group == "tau" and not r.replica], log) \
@@ -163,6 +165,22 @@ def run_demo(workdir: str, design: Design = DEFAULT, sizes: tuple[str, ...] | No
     return demo_report.write_report(workdir, runs, seconds, design=design.name,
                                     variant=tuple(gin_files) + tuple(gin_params), downstream=downstream,
                                     wall_seconds=time.time() - start)
+
+
+def check_eval_grid(loaded) -> None:
+    """Refuses, before anything trains, a run whose evals leave a bin of the report's t̂ grid empty (too few
+    steps for the grid, as a small TPP or a large batch gives): its normalized curve would have a gap."""
+    from celerity_jax.demo_report import GRID_BINS
+
+    total, train = loaded.plan.steps, loaded.configs.train
+    steps = set(train.eval_steps(total))
+    if train.eval_every:
+        steps.update(range(train.eval_every, total + 1, train.eval_every))
+    filled = {min(GRID_BINS - 1, step * GRID_BINS // total) for step in steps}
+    if len(filled) < GRID_BINS:
+        raise ConfigError(f"{loaded.name}: {total} steps, evaluated at {len(steps)} of them, leave "
+                          f"{GRID_BINS - len(filled)} of the report's {GRID_BINS} bins of t̂ empty; train more steps "
+                          "(a larger RecipeConfig.tpp or a smaller RecipeConfig.batch_seqs)")
 
 
 def score_downstream(workdir: str, runs: list[DemoRun], log=print) -> dict[str, dict]:

@@ -27,3 +27,13 @@ def test_quick_with_sizes_and_a_size_named_twice_get_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and problem in err
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_variant_too_short_for_the_report_grid_is_refused_before_anything_trains(tmp_path, capsys):
+    from celerity_jax.cli import main
+
+    assert main(["demo", "--workdir", str(tmp_path / "demo"), "--quick", "--gin-param", "RecipeConfig.tpp = 0.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bins of t̂ empty" in err and "RecipeConfig.tpp" in err
+    assert "--bins" not in err
+    assert not (tmp_path / "demo").exists()

@@ -52,6 +52,27 @@ def on_eight_devices():
 
 
 @pytest.fixture(scope="session")
+def gone_within():
+    """(pid, seconds) -> whether the process has exited within that many seconds (a zombie waiting for its
+    reaper counts as gone)."""
+    import time
+
+    def gone(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    def wait(pid: int, seconds: float) -> bool:
+        deadline = time.time() + seconds
+        while not gone(pid) and time.time() < deadline:
+            time.sleep(0.05)
+        return gone(pid)
+    return wait
+
+
+@pytest.fixture(scope="session")
 def tiny_gin() -> tuple[str, ...]:
     """The gin files of the smallest tiny run (d48 with tests/configs/smoke.gin)."""
     return TINY_GIN

@@ -81,7 +81,7 @@ def test_a_lost_process_stops_the_other_in_seconds_with_one_line_and_a_rerun_res
     survivor, err, seconds = _lose_at_step_15(_start_two(tmp_path / "two", tiny_gin, repo_root), lost=1)
     assert survivor.returncode == 5 and seconds < 30
     assert err[-1].startswith("celerity train: process 1 of this run sent no heartbeat for 3 s, so process 0 "
-                              "stopped") and not any("Check failure stack trace" in line for line in err), err
+                              "stopped") and not any("Check failure stack trace" in line or "Traceback" in line for line in err), err
     procs = _start_two(tmp_path / "two", tiny_gin, repo_root, stderr=subprocess.STDOUT)
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -95,7 +95,7 @@ def test_when_the_coordinator_is_lost_the_others_stop_with_one_line(tmp_path, ti
     assert survivor.returncode == 5 and seconds < 30
     assert err[-1].startswith("celerity train: the run's coordinator (process 0) is gone or reported a failed "
                               "process, so process 1 stopped"), err
-    assert not any("Check failure stack trace" in line for line in err), err
+    assert not any("Check failure stack trace" in line or "Traceback" in line for line in err), err
 
 
 def test_the_lost_processes_are_read_from_the_runtime_report():
@@ -121,3 +121,18 @@ def test_the_trainer_ends_with_its_supervisor_killed_outright(tmp_path, tiny_gin
     supervisor.kill()
     supervisor.wait()
     assert gone_within(trainer, 10)
+
+
+def test_a_traceback_is_dropped_when_the_runtime_then_aborts_and_passed_through_otherwise():
+    import io
+
+    from celerity_jax.train.supervisor import relay
+
+    traceback = ["Traceback (most recent call last):\n", '  File "loop.py", line 1, in run\n',
+                 "jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: Connection reset by peer\n"]
+    out = io.StringIO()
+    lines, aborting = relay(["step 3/40\n", *traceback, "E1207 Polled an error from coordination service\n"], out)
+    assert aborting and len(lines) == 5 and out.getvalue() == "step 3/40\n"
+    out = io.StringIO()
+    assert relay(["warning\n", *traceback], out) == (["warning\n", *traceback], False)
+    assert out.getvalue() == "".join(["warning\n", *traceback])

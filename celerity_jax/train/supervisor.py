@@ -54,6 +54,25 @@ def lost_processes(stderr_lines: list[str]) -> list[int]:
     return sorted(set(lost))
 
 
+def relay(stderr, out) -> tuple[list[str], bool]:
+    """Passes the child's stderr lines to `out` until the runtime says it is aborting the run; returns every line
+    and whether it aborted. A Python traceback is held until the stream ends and dropped if the run aborted: a
+    collective that fails because a peer is gone raises one ("Gloo all-reduce failed: Connection reset by peer")
+    just before the runtime reports the lost process."""
+    lines, held, aborting = [], [], False
+    for line in stderr:
+        lines.append(line)
+        aborting = aborting or any(marker in line for marker in _RUNTIME_FAILURE)
+        if held or line.startswith("Traceback (most recent call last)"):
+            held.append(line)
+        elif not aborting:
+            out.write(line)
+            out.flush()
+    if not aborting:
+        out.writelines(held)
+    return lines, aborting
+
+
 def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout: int) -> int:
     """Runs `celerity <argv>` in a child process; returns its exit code, or raises ProcessLost when the distributed
     runtime aborted it because another process was lost."""
@@ -62,14 +81,8 @@ def train_supervised(argv: list[str], process_id: int | None, heartbeat_timeout:
     # Ctrl-C reaches the child from the terminal itself; the child saves a checkpoint and exits.
     previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     previous_term = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    lines, aborting = [], False
     try:
-        for line in child.stderr:
-            lines.append(line)
-            aborting = aborting or any(marker in line for marker in _RUNTIME_FAILURE)
-            if not aborting:
-                sys.stderr.write(line)
-                sys.stderr.flush()
+        lines, aborting = relay(child.stderr, sys.stderr)
         code = child.wait()
     finally:
         signal.signal(signal.SIGINT, previous_int)

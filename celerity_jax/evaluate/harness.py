@@ -139,14 +139,25 @@ def _number(x) -> float | None:
         return None  # the harness writes "N/A" where it has no stderr
 
 
-def evaluate_checkpoint(workdir: str, step: int | None, task_text: str, data_dir: str | None, limit: int | None,
-                        batch_size: int = 16) -> dict:
-    """`celerity eval`: the run's checkpoint at `step` (default: the newest) scored on the tasks `task_text` names,
-    every data file checked before the model is loaded; returns the step's results file (evaluate/results.py)
-    with the scores added."""
+def score_checkpoint(workdir: str, step: int | None, task_text: str, data_dir: str | None, limit: int | None,
+                     batch_size: int = 16) -> tuple[dict, dict]:
+    """The run's checkpoint at `step` (default: the newest) scored on the tasks `task_text` names, every data file
+    checked before the model is loaded: (the step's results file with the scores added, the scores), nothing
+    written (evaluate/results.py writes them)."""
     from celerity_jax.evaluate import loader, results
 
     checked = tasks.checked_tasks(task_text, data_dir, limit)
     model = loader.load_model(workdir, step)
     lm = CelerityLM(model.cfg, model.params, model.mesh, model.tokenizer, batch_size)
-    return results.record(workdir, model.step, model.plan, run_tasks(lm, checked, limit))
+    scores = run_tasks(lm, checked, limit)
+    return results.merged(workdir, model.step, model.plan, scores), scores
+
+
+def evaluate_checkpoint(workdir: str, step: int | None, task_text: str, data_dir: str | None, limit: int | None,
+                        batch_size: int = 16) -> dict:
+    """`score_checkpoint`, its scores written to the run directory; returns the step's results file."""
+    from celerity_jax.evaluate import results
+
+    content, scores = score_checkpoint(workdir, step, task_text, data_dir, limit, batch_size)
+    results.write(workdir, content, scores)
+    return content

@@ -39,24 +39,35 @@ def average(scores: dict[str, dict]) -> dict | None:
     return {"value": sum(scores[n]["value"] for n in names) / len(names), "tasks": names}
 
 
-def record(workdir: str, step: int, plan: dict, scores: dict[str, dict], write_tensorboard: bool = True) -> dict:
-    """Adds `scores` (harness.run_tasks's) to the step's file and to TensorBoard; returns the file's content."""
-    path = result_path(workdir, step)
-    merged = {**(load(workdir, step) or {}).get("tasks", {}), **scores}
+def merged(workdir: str, step: int, plan: dict, scores: dict[str, dict]) -> dict:
+    """The step's file with `scores` (harness.run_tasks's) added; nothing is written."""
+    tasks_scored = {**(load(workdir, step) or {}).get("tasks", {}), **scores}
     tokens = step * plan["batch_tokens"]
     content = {"workdir": os.path.abspath(workdir), "step": step, "frac": step / plan["steps"],
                "n_params": plan["n_params"], "tokens": tokens, "train_flops": tokens * plan["flops_per_token"],
-               "tasks": merged, "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if (avg := average(merged)) is not None:
+               "tasks": tasks_scored, "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if (avg := average(tasks_scored)) is not None:
         content["average"] = avg
+    return content
+
+
+def write(workdir: str, content: dict, scores: dict[str, dict], write_tensorboard: bool = True) -> None:
+    """Writes the step's file (`merged`'s content) and TensorBoard's values of the new `scores`."""
+    path = result_path(workdir, content["step"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json_atomic(path, content)
     if write_tensorboard:
         from celerity_jax.rundir.writers import TensorBoardWriter
 
         tb = TensorBoardWriter(workdir)
-        tb.scalars(step, scalars(content, scores))
+        tb.scalars(content["step"], scalars(content, scores))
         tb.close()
+
+
+def record(workdir: str, step: int, plan: dict, scores: dict[str, dict], write_tensorboard: bool = True) -> dict:
+    """Adds `scores` (harness.run_tasks's) to the step's file and to TensorBoard; returns the file's content."""
+    content = merged(workdir, step, plan, scores)
+    write(workdir, content, scores, write_tensorboard)
     return content
 
 

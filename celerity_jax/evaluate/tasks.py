@@ -28,17 +28,22 @@ PRESETS = {
 }
 METRICS = {"arc_challenge": "acc_norm", "arc_easy": "acc_norm", "boolq": "acc", "hellaswag": "acc_norm",
            "piqa": "acc_norm", "social_iqa": "acc", "winogrande": "acc", builtin_task.TASK_NAME: "acc"}
-# The fields each preset task's stock config reads from a document (checked before the harness runs).
+# The fields each preset task's stock config reads from a document, each with its JSON type in the dataset's own
+# schema (checked before the harness runs, with the answers: see _document_problem).
 FIELDS = {
-    "arc_challenge": ("question", "choices", "answerKey"),
-    "arc_easy": ("question", "choices", "answerKey"),
-    "boolq": ("passage", "question", "label"),
-    "hellaswag": ("activity_label", "ctx_a", "ctx_b", "endings", "label"),
-    "piqa": ("goal", "sol1", "sol2", "label"),
-    "social_iqa": ("context", "question", "answerA", "answerB", "answerC", "label"),
-    "winogrande": ("sentence", "option1", "option2", "answer"),
+    "arc_challenge": {"question": str, "choices": dict, "answerKey": str},
+    "arc_easy": {"question": str, "choices": dict, "answerKey": str},
+    "boolq": {"passage": str, "question": str, "label": int},
+    "hellaswag": {"activity_label": str, "ctx_a": str, "ctx_b": str, "endings": list, "label": str},
+    "piqa": {"goal": str, "sol1": str, "sol2": str, "label": int},
+    "social_iqa": {"context": str, "question": str, "answerA": str, "answerB": str, "answerC": str, "label": str},
+    "winogrande": {"sentence": str, "option1": str, "option2": str, "answer": str},
 }
-SPLIT_KEYS = ("training_split", "validation_split", "test_split")
+TYPE_NAMES = {str: "a string", int: "a whole number", dict: "an object", list: "a list"}
+# The answers of the tasks whose choices are fixed.
+ANSWERS = {"boolq": ("label", [0, 1]), "piqa": ("label", [0, 1]), "social_iqa": ("label", ["1", "2", "3"]),
+           "winogrande": ("answer", ["1", "2"])}
+SPLIT_KEYS = ("training_split", "validation_split", "test_split", "fewshot_split")
 
 
 @functools.cache
@@ -93,38 +98,100 @@ def parse_tasks(text: str, known: list[str]) -> list[TaskSpec]:
     return specs
 
 
-def data_files(stock_config: dict, task: str, data_dir: str) -> dict[str, str]:
-    """{split: DIR/<task>/<split>.jsonl} for each split the stock config names, each checked: present, one JSON
-    object per line, with the fields the task reads."""
+def data_files(stock_config: dict, task: str, data_dir: str, shots: int = 0) -> dict[str, str]:
+    """{split: DIR/<task>/<split>.jsonl} for each split the stock config names, each checked: present, UTF-8, one
+    JSON object per line with the fields the task reads, and enough documents to draw `shots` examples from."""
     splits = sorted({stock_config[k] for k in SPLIT_KEYS if stock_config.get(k)})
     files = {split: os.path.join(data_dir, task, f"{split}.jsonl") for split in splits}
-    fields = FIELDS.get(task, ())
+    fields = FIELDS.get(task, {})
     expected = f"one JSON object per line with the fields {', '.join(fields)}" if fields else \
         "one JSON object per line in the dataset's own schema"
+    counts = {}
     for split, path in files.items():
         if not os.path.isfile(path):
             raise ConfigError(f"{task}: {path} is missing; the stock task reads the splits {', '.join(splits)}, "
                               f"each a file of {expected} (docs/evaluation.md)")
-        _check_documents(path, fields, expected)
+        counts[split] = _check_documents(path, task, expected)
+    pool, leaves_one_out = _fewshot_pool(stock_config)
+    if pool in counts:
+        _check_shots(task, shots, files[pool], counts[pool] - leaves_one_out)
     return files
 
 
-def _check_documents(path: str, fields: tuple[str, ...], expected: str) -> None:
-    with open(path, encoding="utf-8") as f:
-        n = 0
-        for n, line in enumerate(f, 1):
+def _fewshot_pool(config: dict) -> tuple[str | None, bool]:
+    """The split lm-evaluation-harness draws a task's few-shot examples from (None: examples the config lists
+    itself), and whether it draws one more to leave out the document being scored, as it does when that split
+    is the config's test_split (both unset included)."""
+    named = config.get("fewshot_split")
+    if named is None and (config.get("fewshot_config") or {}).get("samples") is not None:
+        return None, False
+    pool = named or config.get("training_split") or config.get("validation_split") or config.get("test_split")
+    return pool, named == config.get("test_split")
+
+
+def _check_shots(task: str, shots: int, source: str, available: int) -> None:
+    if shots > available:
+        raise ConfigError(f"--tasks {task}:{shots}: {source} gives at most {available} few-shot examples; ask for "
+                          f"{available} or fewer shots")
+
+
+def _check_documents(path: str, task: str, expected: str) -> int:
+    """The number of documents in the file; refuses the first line the stock task cannot use."""
+    n_docs = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"{path}:{n} is not UTF-8 text (byte {raw[e.start]:#04x}); save the file as "
+                                  "UTF-8 (docs/evaluation.md)") from None
             if not line.strip():
                 continue
             try:
                 doc = json.loads(line)
             except ValueError:
                 doc = None
-            missing = [k for k in fields if k not in doc] if isinstance(doc, dict) else list(fields) or ["{...}"]
-            if missing:
-                raise ConfigError(f"{path}:{n} is not {expected} (missing: {', '.join(missing)}); rewrite the file "
-                                  "from the dataset (docs/evaluation.md)")
-    if n == 0:
-        raise ConfigError(f"{path} is empty; it must hold {expected}")
+            if problem := _document_problem(task, doc):
+                raise ConfigError(f"{path}:{n} is not {expected} ({problem}); rewrite the file from the dataset "
+                                  "(docs/evaluation.md)")
+            n_docs += 1
+    if n_docs == 0:
+        raise ConfigError(f"{path} holds no document; it must hold {expected}")
+    return n_docs
+
+
+def _strings(x) -> bool:
+    return isinstance(x, list) and all(type(s) is str for s in x)
+
+
+def _document_problem(task: str, doc) -> str | None:
+    """What the stock task cannot use in a document (None if nothing): not an object, a field missing or of
+    another type, or an answer that is none of the choices."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    fields = FIELDS.get(task, {})
+    if missing := [k for k in fields if k not in doc]:
+        return f"missing: {', '.join(missing)}"
+    if wrong := [f"{k} is not {TYPE_NAMES[kind]}" for k, kind in fields.items() if type(doc[k]) is not kind]:
+        return "; ".join(wrong)
+    if task in ("arc_challenge", "arc_easy"):
+        text, labels = doc["choices"].get("text"), doc["choices"].get("label")
+        if not (_strings(text) and _strings(labels) and len(text) == len(labels)):
+            return 'choices is not {"text": [...], "label": [...]}, two lists of strings of the same length'
+        answer, allowed = "answerKey", labels
+    elif task == "hellaswag":
+        if not _strings(doc["endings"]):
+            return "endings is not a list of strings"
+        answer, allowed = "label", [str(i) for i in range(len(doc["endings"]))]
+    elif task in ANSWERS:
+        answer, allowed = ANSWERS[task]
+    else:
+        return None
+    if doc[answer] not in allowed:
+        return f"{answer} {doc[answer]!r} is none of {', '.join(map(repr, allowed)) or 'its choices'}"
+    if task == "winogrande" and "_" not in doc["sentence"]:
+        return "sentence holds no blank _ for the options"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +215,15 @@ def harness_config(spec: TaskSpec, data_dir: str | None, task_manager, limit: in
     or the built-in task's (with `limit` documents, when more than its default)."""
     if spec.name == builtin_task.TASK_NAME:
         n_docs = max(limit or 0, builtin_task.DEFAULT_DOCS)
-        return {**builtin_task.task_config(n_docs), "num_fewshot": spec.shots}
+        config = builtin_task.task_config(n_docs)
+        _check_shots(spec.name, spec.shots, f"the built-in task with {n_docs} documents (--limit sets more)", n_docs)
+        return {**config, "num_fewshot": spec.shots}
     from lm_eval.tasks._yaml_loader import load_yaml
 
     stock = load_yaml(task_manager.task_index[spec.name].yaml_path, resolve_func=True)
     if data_dir is None:
         raise ConfigError(f"--data-dir is required for {spec.name}: the harness's stock tasks read local files "
                           "DIR/<task>/<split>.jsonl (docs/evaluation.md)")
-    files = data_files(stock, spec.name, data_dir)
+    files = data_files(stock, spec.name, data_dir, spec.shots)
     return {**stock, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
             "num_fewshot": spec.shots}

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 
 import jax
@@ -160,6 +161,21 @@ def read_checkpoint(directory: str, step: int, like_state=None):
     return restored["state"] if like_state is not None else None, restored["data"]
 
 
+def _quiet_abandoned_reads(previous):
+    """sys.unraisablehook while parameters are read, and after a failed read: tensorstore then completes the reads
+    orbax abandoned and posts each to orbax's event loop, already closed, which Python reports as an unraisable
+    'Event loop is closed', at any time until exit. Those reports go to this module's debug log; any other to
+    `previous`."""
+    def hook(report):
+        if isinstance(report.exc_value, RuntimeError) and str(report.exc_value) == "Event loop is closed":
+            _log.debug("a read abandoned by a failed restore completed",
+                       exc_info=(report.exc_type, report.exc_value, report.exc_traceback))
+        else:
+            previous(report)
+
+    return hook
+
+
 def read_params(directory: str, step: int, like_params):
     """The parameters of the checkpoint at `step`, without the optimizer state, read-only, laid out as
     `like_params` (arrays or ShapeDtypeStructs with shardings). They are checked against their checksums where
@@ -168,6 +184,8 @@ def read_params(directory: str, step: int, like_params):
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)  # orbax warns that the item has no metadata file of its own
+    unraisablehook = sys.unraisablehook
+    sys.unraisablehook = _quiet_abandoned_reads(unraisablehook)
     try:
         state_dir = os.path.join(os.path.abspath(directory), str(step), "state")
         with ocp.PyTreeCheckpointer() as reader:
@@ -181,11 +199,13 @@ def read_params(directory: str, step: int, like_params):
             finally:
                 manager.close()
     except Exception as e:  # orbax raises many types for truncated files or mismatched shapes
-        _log.warning("reading the parameters at step %d in %s failed", step, directory, exc_info=True)
+        # The hook stays for the abandoned reads. Chained, not logged: the one-line refusal stands alone, and
+        # CELERITY_VERBOSE=1 shows orbax's traceback.
         raise ConfigError(f"cannot read the parameters of the checkpoint at step {step} in {directory} "
-                          f"({_root_cause(e)}); check that it is complete and matches the run's run.json") from None
+                          f"({_root_cause(e)}); check that it is complete and matches the run's run.json") from e
     finally:
         absl_logging.set_verbosity(verbosity)
+    sys.unraisablehook = unraisablehook
     if record is not None:
         expected = record.get("state") if isinstance(record, dict) else None
         problem = "its integrity record is malformed" if not isinstance(expected, dict) else None

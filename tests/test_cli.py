@@ -49,3 +49,11 @@ def _added_commands(module) -> list[str]:
     module.add_commands(subparsers)
     return list(subparsers.choices)
 
+
+
+def test_celerity_verbose_prints_the_traceback_of_the_refusal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CELERITY_VERBOSE", "1")
+    assert cli.main(["demo", "--workdir", str(tmp_path / "demo"), "--sizes", "d40-l2,d999"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "ConfigError: no size file" in err
+    assert err.strip().splitlines()[-1].startswith("celerity demo: error: no size file")

@@ -43,18 +43,18 @@ def main(argv=None) -> int:
         options.check_required(args)
         return int(args.func(args) or 0)
     except ConfigError as e:
-        message, code = f"error: {e}", 2
+        message, code, error = f"error: {e}", 2, e
     except RunStopped as e:
-        message, code = str(e), e.exit_code
-    except KeyboardInterrupt:
-        message, code = "interrupted", 130
+        message, code, error = str(e), e.exit_code, e
+    except KeyboardInterrupt as e:
+        message, code, error = "interrupted", 130, e
     except OSError as e:
         if e.errno not in DISK_ERRNOS:
             raise
         where = f" ({e.filename})" if e.filename else ""
-        message, code = f"error: {e.strerror}{where}; free space or fix permissions, then rerun", 2
+        message, code, error = f"error: {e.strerror}{where}; free space or fix permissions, then rerun", 2, e
     if verbose:
-        traceback.print_exc()
+        traceback.print_exception(error)
     print(f"celerity {args.command}: {message}", file=sys.stderr)
     return code
 

@@ -17,6 +17,7 @@ The library is `celerity_jax/sweep/` (its workdir layout: runner.py).
 """
 
 import os
+import sys
 
 from celerity_jax.cli import options
 from celerity_jax.sweep.spec import METHODS  # spec.py imports only the standard library and errors.py
@@ -57,8 +58,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--storage", metavar="URL",
                    help="run the settings as the trials of an Optuna study kept here, which any number of workers "
                         "take (the same command on each host): sqlite:///PATH on one machine, journal:PATH on a "
-                        "shared filesystem, postgresql://USER@HOST/DB for a cluster (with the psycopg package); needs --stop-at, from which the "
-                        "collapse pruner stops the settings that cannot beat the best (the `sweep` extra)")
+                        "shared filesystem, postgresql://USER@HOST/DB for a cluster (a file or a server: not an "
+                        "in-memory database); needs --stop-at, from which the collapse pruner stops the settings "
+                        "that cannot beat the best (the `sweep` extra)")
     p.add_argument("--study-name", metavar="NAME", help="the study in --storage (default: the workdir's name)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="with --storage: N worker processes here")
     p.set_defaults(func=sweep_command)
@@ -70,12 +72,12 @@ def sweep_command(args) -> int:
     from celerity_jax.train import lock
 
     sweep_spec = spec.spec_from_args(args)
-    if args.storage:
+    if args.storage is not None:
         summary = _study_workers(sweep_spec, args.storage, args.study_name or os.path.basename(
             os.path.abspath(args.workdir)), args.workers)
         if summary is None:
             return 0
-    elif args.workers != 1 or args.study_name:
+    elif args.workers != 1 or args.study_name is not None:
         raise ConfigError("--workers and --study-name apply to a study: add --storage URL (e.g. sqlite:///sweep.db)")
     else:
         with lock.locked(sweep_spec.workdir):
@@ -96,15 +98,33 @@ def _study_workers(sweep_spec, storage: str, name: str, workers: int) -> dict | 
         raise ConfigError(f"--workers {workers}: give at least 1")
     if workers == 1:
         return study.run_worker(sweep_spec, storage, name)
-    study.open_study(sweep_spec, study.open_storage(storage), name)  # bad input stops here, in one line
+    _, _, opened = study.open_sweep(sweep_spec, storage, name)  # bad input stops here, in one line
     context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=study.run_worker, args=(sweep_spec, storage, name)) for _ in range(workers)]
+    procs = [context.Process(target=_worker, args=(sweep_spec, storage, name)) for _ in range(workers)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
     failed = [p.exitcode for p in procs if p.exitcode]
+    # the others take over the trial of a worker killed here: the study may be done all the same
+    if failed and opened.get_trials(deepcopy=False, states=(study.TrialState.RUNNING, study.TrialState.WAITING)):
+        raise ConfigError(f"{len(failed)} of {workers} workers failed or were killed (any output of theirs is "
+                          "above); rerun the command: it resumes the study")
     if failed:
-        raise ConfigError(f"{len(failed)} of {workers} workers failed (their output is above); rerun the command: "
-                          "it resumes the study")
+        print(f"\n{len(failed)} of {workers} workers failed or were killed; the others took over their trials")
     return study.summary(sweep_spec, storage, name)
+
+
+def _worker(sweep_spec, storage: str, name: str) -> None:
+    """One of the `--workers N` processes: an error it stops on is one line, as the command's own would be."""
+    from celerity_jax.errors import ConfigError, RunStopped
+    from celerity_jax.sweep import study
+
+    try:
+        study.run_worker(sweep_spec, storage, name)
+    except ConfigError as e:
+        sys.exit(f"celerity sweep: error: {e}")
+    except RunStopped as e:
+        sys.exit(f"celerity sweep: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -31,6 +31,16 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def this_process() -> dict:
+    """The host, PID and start time of this process, as a lock records its holder."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid())}
+
+
+def ended_here(holder: dict) -> bool:
+    """Whether `holder` (a `this_process()` of some process) ran on this host and has ended."""
+    return holder.get("host") == socket.gethostname() and not _alive(holder)
+
+
 def _alive(holder: dict) -> bool:
     try:
         os.kill(holder["pid"], 0)
@@ -104,8 +114,7 @@ def acquire(workdir: str, log=print) -> RunLock:
             raise ConfigError(f"{workdir} is in use by {_describe(holder)}; wait for it to end or stop it, or "
                               "pass another --workdir")
         log(f"took over {path} from {_describe(holder)}, which is no longer running")
-    mine = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+    mine = {**this_process(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
     os.fsync(fd)

@@ -6,6 +6,10 @@ naming the problem and the fix, exit code 2, nothing written."""
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -186,6 +190,14 @@ def test_export_of_a_run_without_checkpoint(trained_run, tmp_path, capsys):
              "holds no checkpoint")
 
 
+def test_an_unwritable_json_path_is_refused_before_anything_is_written(trained_run, exported, tmp_path, capsys):
+    json_path = str(tmp_path / "missing" / "summary.json")
+    _refused(["export-hf", "--workdir", trained_run, "--out", str(tmp_path / "hf"), "--json", json_path], capsys,
+             "export-hf", f"--json {json_path}", "is not an existing folder")
+    _refused(["import-hf", "--model", exported, "--out", str(tmp_path / "run"), "--json", json_path], capsys,
+             "import-hf", f"--json {json_path}", "is not an existing folder")
+
+
 def test_export_into_a_folder_that_is_not_empty(trained_run, tmp_path, capsys):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "keep.txt").write_text("mine")
@@ -228,13 +240,70 @@ def test_import_of_a_missing_shard(trained_run, tmp_path, capsys):
                                                           "but config.json makes it (300, 48)"),
     (lambda c: c["celerity_model"].update(d_model=64, n_heads=4), "has shape"),
     (lambda c: c["celerity_model"].update(vocab_size=200), None),
-    (lambda c: c.update(model_type="llama"), "model_type='llama' is not the class its celerity_model exports to"),
+    (lambda c: c.update(model_type="llama"), "config.json: model_type='llama', but its celerity_model (which the "
+                                             "weights fit) exports model_type='celerity'"),
+    # config.json's own fields, which transformers reads, against the celerity_model the import reads
+    (lambda c: c.update(vocab_size=300), "config.json: vocab_size=300, but its celerity_model (which the weights "
+                                         "fit) exports vocab_size=257"),
+    (lambda c: c.update(hidden_size=64), "config.json: hidden_size=64, but its celerity_model (which the weights "
+                                         "fit) exports hidden_size=48"),
+    (lambda c: c.update(hidden_size="48"), "config.json: hidden_size='48', but"),
+    (lambda c: c.pop("positions"), "config.json: no positions, but its celerity_model (which the weights fit) "
+                                   "exports positions='alibi'"),
+    (lambda c: c.update(tie_word_embeddings=True), "config.json: tie_word_embeddings=True, but"),
 ])
-def test_import_of_a_vocabulary_or_shape_that_does_not_match(exported, tmp_path, capsys, edit, needle):
+def test_import_of_a_config_json_changed_after_the_export(exported, tmp_path, capsys, edit, needle):
     model = _copy(exported, tmp_path, edit_config=edit)
     if needle is None:  # a smaller vocabulary than the tokenizer's: the shapes are checked first
         needle = "has shape (257, 48), but config.json makes it (200, 48)"
     _refused(["import-hf", "--model", model, "--out", str(tmp_path / "run")], capsys, "import-hf", needle)
+
+
+@pytest.mark.parametrize("file, damage, needle", [
+    (fold.LOST_BITS, lambda b: b[:len(b) // 2], f"{fold.LOST_BITS} is damaged (BadZipFile: "),
+    (fold.LOST_BITS, lambda b: b[:200] + bytes(200) + b[400:], f"{fold.LOST_BITS} is damaged ("),
+    ("model.safetensors", lambda b: b[:len(b) // 2], "model.safetensors is not a readable safetensors file"),
+    ("config.json", lambda b: b"[]", "config.json holds a JSON list, not a config object"),
+    (export.INDEX_FILE, lambda b: b'{"weight_map": ["model.safetensors"]}', "is not a safetensors index"),
+])
+def test_import_of_a_damaged_file(exported, tmp_path, capsys, file, damage, needle):
+    model = _copy(exported, tmp_path)
+    path = tmp_path / "model" / file
+    path.write_bytes(damage(path.read_bytes() if path.exists() else b""))
+    _refused(["import-hf", "--model", model, "--out", str(tmp_path / "run")], capsys, "import-hf", needle)
+
+
+def test_a_killed_export_is_never_imported_and_its_rerun_removes_it(trained_run, tmp_path, capsys):
+    """Killed (SIGKILL) while it writes the tokenizer, an export leaves its partial folder beside --out: import-hf
+    refuses it, and a copy of it (which lacks config.json, written last); the rerun removes it, but never the partial
+    folder of a running export."""
+    out = tmp_path / "hf"
+    killed_midway = ("import os, signal, sys; from celerity_jax.hf import tokenizer_files; "
+                     "tokenizer_files.write = lambda *_: os.kill(os.getpid(), signal.SIGKILL); "
+                     "from celerity_jax.cli import main; main(sys.argv[1:])")
+    export_hf = ["export-hf", "--workdir", trained_run, "--out", str(out)]
+    killed = subprocess.Popen([sys.executable, "-c", killed_midway, *export_hf])
+    assert killed.wait(timeout=300) == -signal.SIGKILL
+    partial = tmp_path / f".hf.partial-{socket.gethostname()}-{killed.pid}"
+    assert "model.safetensors" in os.listdir(partial) and not out.exists()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _refused(["import-hf", "--model", str(partial), "--out", str(runs / "a")], capsys, "import-hf",
+             "is the unfinished folder of a command that was killed or is still running; give the finished hf")
+    copied = shutil.copytree(partial, tmp_path / "copied")
+    _refused(["import-hf", "--model", str(copied), "--out", str(runs / "b")], capsys, "import-hf",
+             "has no config.json")
+    running = tmp_path / f".hf.partial-{socket.gethostname()}-{os.getppid()}"
+    running.mkdir()
+    assert main(export_hf) == 0
+    assert not partial.exists() and running.exists() and "config.json" in os.listdir(out)
+
+
+def test_import_of_a_damaged_tokenizer_names_its_file(exported, tmp_path, capsys):
+    model = _copy(exported, tmp_path, edit_config=lambda c: c.update(celerity_tokenizer="tokenizer.json"))
+    (tmp_path / "model" / "tokenizer.json").write_text("{not json")
+    _refused(["import-hf", "--model", model, "--out", str(tmp_path / "run")], capsys, "import-hf",
+             f"{os.path.join(model, 'tokenizer.json')}' is not a readable HuggingFace tokenizer.json")
 
 
 def test_import_of_a_tokenizer_larger_than_the_vocabulary(exported, tmp_path, capsys):
@@ -265,6 +334,7 @@ STOCK_NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"],
     ({**STOCK_NEOX, "rotary_pct": 0.25}, "rotary_pct=0.25 rotates part of each head"),
     ({**STOCK_NEOX, "hidden_act": "quick_gelu"}, "hidden_act='quick_gelu' is none of"),
     ({**STOCK_LLAMA, "model_type": "mistral"}, "model_type='mistral' is not importable"),
+    ({**STOCK_LLAMA, "hidden_size": "32"}, "hidden_size='32' is not a positive integer"),
 ])
 def test_import_of_a_stock_model_that_does_not_map(tmp_path, capsys, config, needle):
     folder = tmp_path / "stock"

@@ -4,6 +4,7 @@ where the fold is injective, one ulp off at most elsewhere)."""
 
 import dataclasses
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,17 @@ def test_import_from_the_weights_alone(exported, tmp_path):
         assert ulps == (1 if path in summary["lost_bits"] else 0), path
         if not (path == "embed" and cfg.tie_embeddings) and np.log2(fold.leaf_factor(unscanned, path)).is_integer():
             assert path not in summary["lost_bits"]
+
+
+def test_the_config_saved_again_by_transformers_imports(exported, tmp_path):
+    """transformers writes config.json its own way (it drops rope_theta where rope_parameters holds it, adds its
+    defaults): the import still finds it to hold what its celerity_model exports to."""
+    _, cfg, _, out, _, hf_model = exported
+    folder = tmp_path / "saved_again"
+    shutil.copytree(out, folder)
+    os.remove(folder / "config.json")
+    hf_model.config.save_pretrained(folder)
+    assert importer.load(str(folder))[0] == cfg
 
 
 def test_bfloat16_export_loads_close(tmp_path):

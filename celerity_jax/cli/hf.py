@@ -39,6 +39,7 @@ def export_command(args: argparse.Namespace) -> int:
     from celerity_jax.hf import card, export, outdir
 
     outdir.check_empty(args.out, "--out")
+    options.check_json(args.json)
     model = loader.load_model(args.workdir, args.step)
     cfg = loader.run_model_config(model.identity, args.workdir)  # as trained: scanned layers, remat, ...
     summary = export.export(cfg, model.params, args.out, tokenizer=model.tokenizer, dtype=args.dtype,
@@ -55,6 +56,7 @@ def import_command(args: argparse.Namespace) -> int:
     _need_safetensors("import-hf")
     from celerity_jax.hf import importer
 
+    options.check_json(args.json)
     summary = importer.import_folder(args.model, args.out, args.gin_file, args.gin_param)
     if options.emit_json(args.json, summary):
         return 0

@@ -73,7 +73,6 @@ def export(cfg: ModelConfig, params: dict, out: str, *, tokenizer, dtype: str = 
         files = write_weights(tensors, folder, max_shard_bytes)
         if lost:
             fold.save_lost_bits(os.path.join(folder, fold.LOST_BITS), cfg, lost, folded)
-        _write_json(os.path.join(folder, "config.json"), config)
         _write_json(os.path.join(folder, "generation_config.json"),
                     {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos, "do_sample": False})
         if arch == "celerity":
@@ -83,6 +82,8 @@ def export(cfg: ModelConfig, params: dict, out: str, *, tokenizer, dtype: str = 
         with open(os.path.join(folder, "README.md"), "w") as f:
             f.write(card.model_card(cfg, arch, dtype=dtype, tokenizer_note=note, run_lines=list(run_lines),
                                     lost_values=sum(int(m.sum()) for m in lost.values())))
+        # last: a folder holding config.json holds every other file whole (a killed export's partial folder has none)
+        _write_json(os.path.join(folder, "config.json"), config)
     return {"out": out, "class": layouts.CLASSES[arch], "dtype": dtype, "tensors": len(tensors),
             "weight_files": [f for f in files if f != INDEX_FILE],
             "bytes": sum(t.nbytes for t in tensors.values()), "lost_bits": {p: int(m.sum()) for p, m in lost.items()}}

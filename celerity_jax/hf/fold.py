@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from celerity_jax.errors import ConfigError
 from celerity_jax.model import completep, transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
@@ -190,14 +191,18 @@ def save_lost_bits(file: str, cfg: ModelConfig, masks: dict[str, np.ndarray], fo
 def load_lost_bits(file: str, cfg: ModelConfig, folded: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
     """(the masks whose folded values are unchanged, the paths of those that changed since the export)."""
     masks, stale = {}, []
-    with np.load(file, allow_pickle=False) as saved:
-        for i in range(sum(name.startswith("bits_") for name in saved.files)):
-            path, digest = (str(v) for v in saved[f"meta_{i}"])
-            if path not in folded or _digest(cfg, folded, path) != digest:
-                stale.append(path)
-                continue
-            n = folded[path].size
-            masks[path] = np.unpackbits(saved[f"bits_{i}"])[:n].astype(bool).reshape(folded[path].shape)
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            for i in range(sum(name.startswith("bits_") for name in saved.files)):
+                path, digest = (str(v) for v in saved[f"meta_{i}"])
+                if path not in folded or _digest(cfg, folded, path) != digest:
+                    stale.append(path)
+                    continue
+                n = folded[path].size
+                masks[path] = np.unpackbits(saved[f"bits_{i}"])[:n].astype(bool).reshape(folded[path].shape)
+    except Exception as e:  # zipfile, zlib and numpy each raise their own error types for a damaged file
+        raise ConfigError(f"{file} is damaged ({type(e).__name__}: {e}); copy it again from the export, or delete "
+                          "it to import from the weights alone (some values then one ulp off)") from None
     return masks, stale
 
 

@@ -16,9 +16,11 @@ empty collapse-monitor curve and the data iterator at its start. A run started f
 recipe gin and model.gin) begins at step 0 with these weights.
 """
 
+import contextlib
 import json
 import os
 import shutil
+from typing import NamedTuple
 
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for bfloat16 safetensors)
@@ -32,20 +34,30 @@ from celerity_jax.model.config import ModelConfig
 OUR_ACTIVATIONS = {"relu2": "squared_relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # Buffers older transformers saved beside the weights; they hold nothing a ModelConfig lacks.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias")
+# Keys of an export's config.json that no computed value depends on: free to differ from what its celerity_model
+# exports to (token ids, the dtype of the weights, where transformers finds the class).
+_FREE_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "dtype", "use_cache", "architectures", "auto_map")
+# Keys that transformers drops when it saves a config again, holding their values in rope_parameters.
+_ROPE_KEYS = ("rope_theta", "rotary_pct", "rotary_emb_base")
 
 
 def read_config(folder: str) -> dict:
     if not os.path.isdir(folder):
         raise ConfigError(f"--model {folder} is not a folder; give a Hugging Face model folder (config.json and "
                           "safetensors weights)")
+    outdir.check_not_partial(folder, "--model")
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
-            return json.load(f)
+            hf = json.load(f)
     except FileNotFoundError:
         raise ConfigError(f"--model {folder} has no config.json; give a complete Hugging Face model folder") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path} is not readable JSON ({e}); give a complete Hugging Face model folder") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{path} holds a JSON {type(hf).__name__}, not a config object; give a complete Hugging "
+                          "Face model folder")
+    return hf
 
 
 def _refuse(hf: dict, field: str, why: str):
@@ -78,6 +90,14 @@ def _stock(hf: dict, **fields) -> ModelConfig:
     return cfg
 
 
+def _check_sizes(hf: dict) -> None:
+    """A stock config's sizes are positive integers."""
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "max_position_embeddings"):
+        if type(hf[field]) is not int or hf[field] < 1:
+            _refuse(hf, field, "is not a positive integer")
+
+
 def _llama(hf: dict) -> ModelConfig:
     heads = hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or heads
@@ -105,6 +125,20 @@ def _gpt_neox(hf: dict) -> ModelConfig:
                   use_bias=bool(hf.get("attention_bias", True)))
 
 
+def _check_as_exported(hf: dict, cfg: ModelConfig, arch: str) -> None:
+    """An export's config.json holds what its celerity_model `cfg` exports to, so that transformers computes the
+    model that import-hf reads; else one ConfigError line naming the first key that differs."""
+    exported = layouts.hf_config(cfg, arch, dtype="float32", eos_id=0)  # both free keys
+    for key, value in exported.items():
+        if key in _FREE_KEYS or (key in _ROPE_KEYS and key not in hf and "rope_parameters" in hf):
+            continue
+        if key not in hf or hf[key] != value:
+            found = f"{key}={hf[key]!r}" if key in hf else f"no {key}"
+            raise ConfigError(f"config.json: {found}, but its celerity_model (which the weights fit) exports "
+                              f"{key}={value!r}; config.json was changed after the export: restore it, or export "
+                              "the run again")
+
+
 def model_config(hf: dict) -> tuple[ModelConfig, str]:
     """(ModelConfig, architecture) of a config.json."""
     model_type = hf.get("model_type")
@@ -114,11 +148,10 @@ def model_config(hf: dict) -> tuple[ModelConfig, str]:
         except (TypeError, ConfigError) as e:
             raise ConfigError(f"config.json: celerity_model is not a ModelConfig of this version ({e}); import with "
                               "the celerity_jax version that exported it") from None
-        if layouts.architecture(cfg) != model_type:
-            raise ConfigError(f"config.json: model_type={model_type!r} is not the class its celerity_model exports "
-                              f"to ({layouts.architecture(cfg)!r}); the folder was changed after the export")
-        return cfg, model_type
+        return cfg, layouts.architecture(cfg)
     try:
+        if model_type in ("llama", "gpt_neox"):
+            _check_sizes(hf)
         if model_type == "llama":
             return _llama(hf), "llama"
         if model_type == "gpt_neox":
@@ -133,63 +166,92 @@ def model_config(hf: dict) -> tuple[ModelConfig, str]:
                       "exports and stock llama and gpt_neox models")
 
 
-def read_tensors(folder: str) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's safetensors (one file, or the shards its index names)."""
+@contextlib.contextmanager
+def _safetensors(path: str):
+    """The safetensors file at `path`, opened; a damaged file is one ConfigError line."""
     from safetensors import safe_open
 
+    try:
+        with safe_open(path, framework="np") as f:
+            yield f
+    except Exception as e:  # safetensors raises its own error types for truncated or foreign files
+        raise ConfigError(f"{path} is not a readable safetensors file ({e}); copy the file again") from None
+
+
+class StoredTensor(NamedTuple):
+    file: str
+    shape: tuple[int, ...]
+
+
+def stored_tensors(folder: str) -> dict[str, StoredTensor]:
+    """{name: its file and shape} of every tensor of the folder's safetensors (one file, or the shards its index
+    names), read from the files' headers: no tensor is loaded."""
     index = os.path.join(folder, export.INDEX_FILE)
     if os.path.isfile(index):
         try:
             with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as e:
+                files = sorted({str(file) for file in json.load(f)["weight_map"].values()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"{index} is not a safetensors index ({e}); give a complete model folder") from None
     elif os.path.isfile(os.path.join(folder, export.SINGLE_FILE)):
         files = [export.SINGLE_FILE]
     else:
         raise ConfigError(f"--model {folder} has neither {export.SINGLE_FILE} nor {export.INDEX_FILE}; give a folder "
                           "with safetensors weights")
-    tensors = {}
+    stored = {}
     for file in files:
         path = os.path.join(folder, file)
         if not os.path.isfile(path):
             raise ConfigError(f"--model {folder}: the weight file {file} named by its index is missing; copy the "
                               "whole folder")
-        try:
-            with safe_open(path, framework="np") as f:
-                tensors.update({name: f.get_tensor(name) for name in f.keys()})
-        except Exception as e:  # safetensors raises its own error types for truncated or foreign files
-            raise ConfigError(f"{path} is not a readable safetensors file ({e}); copy the file again") from None
-    return tensors
+        with _safetensors(path) as f:
+            stored.update({name: StoredTensor(path, tuple(f.get_slice(name).get_shape())) for name in f.keys()})
+    return stored
 
 
-def check_tensors(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The tensors that `cfg` reads, each checked for presence and shape; a tensor it has no place for is refused."""
+def check_tensors(cfg: ModelConfig, arch: str, stored: dict[str, StoredTensor]) -> dict[str, str]:
+    """{name of a tensor `cfg` reads: the name it is stored under}, each checked for presence and shape; a stored
+    tensor it has no place for is refused."""
+    names = {name: name for name in stored}
+    if "embed_out.weight" in stored and "lm_head.weight" not in stored:  # GPT-NeoX as transformers 4 saved it
+        names = {("lm_head.weight" if name == "embed_out.weight" else name): name for name in stored}
     expected = layouts.expected_shapes(cfg, arch)
-    if "embed_out.weight" in tensors and "lm_head.weight" not in tensors:  # GPT-NeoX as transformers 4 saved it
-        tensors = {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in tensors.items()}
-    unexpected = sorted(n for n in tensors if n not in expected and not n.endswith(_IGNORED_SUFFIXES))
+    unexpected = sorted(n for n in names if n not in expected and not n.endswith(_IGNORED_SUFFIXES))
     if unexpected:
         raise ConfigError(f"tensor {unexpected[0]} (and {len(unexpected) - 1} more) has no place in the model "
                           f"config.json describes ({len(expected)} tensors); the folder's weights and config.json "
                           "do not belong together")
     for name, shape in expected.items():
-        if name not in tensors:
+        if name not in names:
             if name == "lm_head.weight" and cfg.tie_embeddings:
                 continue
             raise ConfigError(f"tensor {name} is missing from the weights; give a complete model folder")
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise ConfigError(f"tensor {name} has shape {tuple(tensors[name].shape)}, but config.json makes it "
+        if stored[names[name]].shape != tuple(shape):
+            raise ConfigError(f"tensor {name} has shape {stored[names[name]].shape}, but config.json makes it "
                               f"{tuple(shape)} (vocab_size {cfg.vocab_size}, hidden {cfg.d_model}); the weights and "
                               "config.json do not belong together")
-    return {name: tensors[name] for name in expected if name in tensors}
+    return {name: names[name] for name in expected if name in names}
+
+
+def read_tensors(stored: dict[str, StoredTensor], names: dict[str, str]) -> dict[str, np.ndarray]:
+    """{name: tensor} of the tensors `names` maps to their stored names."""
+    tensors = {}
+    for file in sorted({stored[s].file for s in names.values()}):
+        with _safetensors(file) as f:
+            tensors.update({name: f.get_tensor(s) for name, s in names.items() if stored[s].file == file})
+    return tensors
 
 
 def load(folder: str) -> tuple[ModelConfig, dict, dict]:
     """(ModelConfig, float32 parameters in its layout, {"lost_bits": leaves unfolded with the export's lost bits,
     "stale_bits": leaves whose weights changed since the export}) of a Hugging Face folder, checked."""
-    cfg, arch = model_config(read_config(folder))
-    tensors = check_tensors(cfg, arch, read_tensors(folder))
+    hf = read_config(folder)
+    cfg, arch = model_config(hf)
+    stored = stored_tensors(folder)
+    names = check_tensors(cfg, arch, stored)
+    if "celerity_model" in hf:  # after the shapes: weights that fit celerity_model show that the rest changed
+        _check_as_exported(hf, cfg, arch)
+    tensors = read_tensors(stored, names)
     folded = layouts.from_hf(cfg, arch, tensors)
     lost, stale = {}, []
     if os.path.isfile(os.path.join(folder, fold.LOST_BITS)):
@@ -226,6 +288,6 @@ def import_folder(folder: str, out: str, gin_files=(), gin_params=()) -> dict:
             shutil.copyfile(os.path.join(folder, copy), os.path.join(partial, copy))
         final = tokenizer if copy is None else os.path.join(os.path.abspath(out), copy)
         summary = run_start.write(partial, cfg, params, tokenizer=final, separator_token=separator,
-                                  tokenizer_now=tokenizer if copy is None else os.path.join(partial, copy),
+                                  tokenizer_now=tokenizer if copy is None else os.path.join(folder, copy),
                                   gin_files=gin_files, gin_params=gin_params)
     return {"out": out, "model_type": hf.get("model_type"), **summary, **unfolded}

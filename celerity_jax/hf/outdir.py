@@ -1,12 +1,18 @@
 """The output folder of an export or an import: built as a hidden partial folder beside it and renamed into place
-when complete, so that a refused or failed command leaves nothing behind."""
+when complete, so that a refused or failed command leaves nothing behind. A killed command leaves its partial
+folder: the next command writing the same folder removes it, and no command reads it."""
 
 import contextlib
 import os
+import re
 import shutil
+import socket
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path, check_output_dir
+
+# `.NAME.partial-HOST-PID`: the folder NAME being built by process PID on HOST (the folder may be shared by hosts).
+PARTIAL = re.compile(r"\.(.+)\.partial-(.+)-(\d+)")
 
 
 def check_empty(path: str, flag: str) -> None:
@@ -17,20 +23,54 @@ def check_empty(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path} is not empty; give a new or empty folder (nothing is overwritten)")
 
 
+def check_not_partial(path: str, flag: str) -> None:
+    """`path` is no partial folder (of a command still running, or killed); else one ConfigError line."""
+    match = PARTIAL.fullmatch(os.path.basename(os.path.abspath(path)))
+    if match:
+        raise ConfigError(f"{flag} {path} is the unfinished folder of a command that was killed or is still "
+                          f"running; give the finished {match[1]} instead, or rerun the command that writes it")
+
+
+def _running(pid: int) -> bool:
+    """Whether a process other than this one has the id `pid`."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_dead_partials(parent: str, name: str) -> None:
+    """Removes the partial folders of `name` left by processes of this host that are gone; those of running ones,
+    and those of other hosts (whose processes cannot be seen from here), stay."""
+    for entry in os.listdir(parent):
+        match = PARTIAL.fullmatch(entry)
+        if match and match[1] == name and match[2] == socket.gethostname() and not _running(int(match[3])):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
 @contextlib.contextmanager
 def building(path: str, flag: str):
     """Yields the partial folder to write into; it becomes `path` when the block ends, and is removed if it raises."""
     check_empty(path, flag)
     parent, name = os.path.split(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    partial = os.path.join(parent, f".{name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)  # left by a killed command of this process id
+    _remove_dead_partials(parent, name)
+    partial = os.path.join(parent, f".{name}.partial-{socket.gethostname()}-{os.getpid()}")
     os.makedirs(partial)
     try:
         yield partial
-        if os.path.isdir(path):
-            os.rmdir(path)  # empty, as checked
-        os.rename(partial, path)
+        try:
+            if os.path.isdir(path):
+                os.rmdir(path)  # empty, as checked
+            os.rename(partial, path)
+        except OSError as e:
+            raise ConfigError(f"{flag} {path} was filled by another command while this one ran ({e.strerror}); "
+                              "this one's output is discarded: give another folder") from e
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

@@ -78,6 +78,8 @@ def check_output_dir(path: str, flag: str) -> None:
 def check_output_file(path: str, flag: str) -> None:
     """`path`, given as `flag`, can be written as a file: it is not a folder, and its folder exists and is
     writable (files are replaced by rename, see write_text_atomic). Raises a one-line ConfigError."""
+    if not os.path.basename(path):
+        raise ConfigError(f"{flag} {path or repr(path)} names no file; give a file path")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path} is a folder; give a file path")
     parent = os.path.dirname(os.path.abspath(path))

@@ -57,3 +57,12 @@ def test_celerity_verbose_prints_the_traceback_of_the_refusal(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "ConfigError: no size file" in err
     assert err.strip().splitlines()[-1].startswith("celerity demo: error: no size file")
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(repo_root):
+    plan = subprocess.Popen([sys.executable, "-m", "celerity_jax.cli", "plan", "--gin-file",
+                             "experiments/celerity/300m_80tpp.gin", "--json"], cwd=repo_root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    plan.stdout.close()  # as `| head` does, before anything is written
+    assert plan.wait(timeout=120) == 141
+    assert plan.stderr.read() == b""

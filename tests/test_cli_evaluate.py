@@ -37,7 +37,7 @@ BAD_JSON = [
     (["--json", "{tmp}/a_folder.json"], "--json {tmp}/a_folder.json is a folder; give a file path"),
     (["--json", "{tmp}/a_file/out.json"], "--json {tmp}/a_file/out.json: {tmp}/a_file is not an existing folder"),
     (["--json", "{tmp}/read_only/out.json"], "the folder {tmp}/read_only is not writable"),
-    (["--json", ""], "--json '' names no file; give a file path, or --json alone to print the JSON"),
+    (["--json", ""], "--json '' names no file; give a file path"),
 ]
 
 

@@ -58,6 +58,15 @@ def test_plan_json_file_is_written_whole_and_kept_on_error(tmp_path, capsys):
     assert path.read_text() == first and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+def test_an_unwritable_json_path_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    for path, problem in ((tmp_path / "missing" / "plan.json", "is not an existing folder"),
+                          (tmp_path, "is a folder"), (tmp_path / "a_file" / "plan.json", "is not an existing folder")):
+        assert cli.main(["plan", *TINY, "--json", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--json {path}" in err and problem in err
+
+
 def test_ema_plot(tmp_path):
     png = tmp_path / "ema.png"
     assert cli.main(["plan", *TINY, "--ema-plot", str(png), "--json", str(tmp_path / "p.json")]) == 0

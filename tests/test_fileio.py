@@ -79,3 +79,4 @@ def test_check_output_file(tmp_path):
     check_output_file(str(tmp_path / "fig.png"), "--out")
     _refused(check_output_file, tmp_path, "--out", "is a folder; give a file path")
     _refused(check_output_file, tmp_path / "no" / "fig.png", "--out", "is not an existing folder")
+    _refused(check_output_file, f"{tmp_path}/", "--out", "names no file; give a file path")

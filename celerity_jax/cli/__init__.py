@@ -7,6 +7,7 @@ fast (a test checks that it imports no JAX); each command imports what it runs. 
 """
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
         message, code, error = str(e), e.exit_code, e
     except KeyboardInterrupt as e:
         message, code, error = "interrupted", 130, e
+    except BrokenPipeError:  # whatever read stdout stopped (`| head`): end quietly, as other Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as e:
         if e.errno not in DISK_ERRNOS:
             raise

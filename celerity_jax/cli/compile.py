@@ -41,8 +41,7 @@ def compile_command(args) -> int:
         raise ConfigError("--budget and --jobs apply to --search; add --search or drop them")
     if (args.budget is not None and args.budget <= 0) or (args.jobs is not None and args.jobs < 1):
         raise ConfigError("--budget takes a positive number of minutes and --jobs a positive count")
-    if args.json not in (None, "-"):
-        check_writable(os.path.dirname(os.path.abspath(args.json)), "--json")
+    options.check_json(args.json)
     cache_dir = DEFAULT_CACHE if args.cache_dir is None else args.cache_dir
     if cache_dir:
         check_writable(cache_dir, "--cache-dir")

@@ -7,7 +7,6 @@ import os
 
 from celerity_jax.cli import options
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import check_output_file
 
 
 def add_commands(subparsers) -> None:
@@ -54,15 +53,6 @@ def _positive(args, *names: str) -> None:
             raise ConfigError(f"--{name.replace('_', '-')}={value} must be a positive whole number")
 
 
-def _check_json_path(path: str | None) -> None:
-    """Refuses, before the model loads, a --json PATH that cannot be written."""
-    if path in (None, "-"):
-        return
-    if not os.path.basename(path):
-        raise ConfigError(f"--json {path!r} names no file; give a file path, or --json alone to print the JSON")
-    check_output_file(path, "--json")
-
-
 def _read_prompts(args) -> list[str]:
     if bool(args.prompt) == bool(args.prompts_file):
         raise ConfigError("give prompts with --prompt TEXT (repeatable) or --prompts-file F, one of the two")
@@ -89,7 +79,7 @@ def sample_command(args: argparse.Namespace) -> int:
     if "" in args.stop:
         raise ConfigError("--stop got an empty string, which would stop every generation before its first token; "
                           "give non-empty stop strings")
-    _check_json_path(args.json)
+    options.check_json(args.json)
     prompts = _read_prompts(args)
     from celerity_jax.evaluate import harness, loader, sampler
 
@@ -122,7 +112,7 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise ConfigError(f"--data-dir {args.data_dir} is not a directory; give the folder that holds "
                           "<task>/<split>.jsonl")
-    _check_json_path(args.json)
+    options.check_json(args.json)
     from celerity_jax.evaluate import harness, results
 
     content, scores = harness.score_checkpoint(args.workdir, args.step, args.tasks, args.data_dir, args.limit,

@@ -31,8 +31,7 @@ def frontier_command(args) -> int:
     from celerity_jax.evaluate import frontier
 
     check_output_dir(args.out, "--out")
-    if args.json not in (None, "-"):
-        check_output_file(args.json, "--json")
+    options.check_json(args.json)
     points = frontier.load_points(args.results)
     fit = frontier.fit_frontier([p.flops for p in points], [p.accuracy for p in points])
     published = None if args.no_published else frontier.load_published()

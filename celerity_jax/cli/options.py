@@ -8,7 +8,7 @@ import argparse
 import json
 
 from celerity_jax.errors import ConfigError
-from celerity_jax.fileio import write_text_atomic
+from celerity_jax.fileio import check_output_file, write_text_atomic
 
 
 def _add_alias(parser: argparse.ArgumentParser, alias: str, dest: str, **kwargs) -> None:
@@ -43,6 +43,12 @@ def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
     """--json [PATH]: print `what` as JSON instead of text, or write it (atomically) to PATH."""
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help=f"print {what} as JSON instead of text, or write it as JSON to PATH")
+
+
+def check_json(path: str | None) -> None:
+    """Refuses, before any work, a --json PATH that cannot be written (None or '-', printing, always can)."""
+    if path not in (None, "-"):
+        check_output_file(path, "--json")
 
 
 def emit_json(path: str | None, data) -> bool:

@@ -39,6 +39,7 @@ def plan_command(args) -> int:
     from celerity_jax import gin_config, plan_report, recipe
     from celerity_jax.model import presets
 
+    options.check_json(args.json)
     base = {"model": presets.preset(args.preset)} if args.preset else None
     configs = gin_config.parse_gin(args.gin_file, args.gin_param, base=base)
     plan = recipe.make_plan(configs.model, configs.recipe)

@@ -138,4 +138,4 @@ def _gin_error(where: str | None, message: str) -> ConfigError:
     elif m := re.search(r"No bindings specified for '(\w+)/gin.macro'", message):
         problem = f"the macro %{m.group(1)} is used but never bound"
         fix = f"bind it (`{m.group(1)} = value`) or write the value in its place"
-    return ConfigError(f"gin: {where + ': ' if where else ''}{problem}\nFix: {fix}")
+    return ConfigError(f"gin: {where + ': ' if where else ''}{problem}; fix: {fix}")

@@ -81,3 +81,10 @@ def test_an_unreadable_mesh_shape_is_one_line_naming_the_fix(tmp_path, text, pro
         loader.run_mesh(workdir)
     assert "\n" not in str(refused.value) and ("celerity train" in str(refused.value)
                                                or "put back the config.gin" in str(refused.value))
+
+
+def test_a_workdir_that_is_missing_or_a_file_is_named_as_such(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    for name, problem in (("missing", "does not exist"), ("a_file", "is a file, not a folder")):
+        with pytest.raises(ConfigError, match=f"--workdir {tmp_path / name} {problem}; give a run directory"):
+            loader.load_model(str(tmp_path / name))

@@ -104,7 +104,8 @@ def load_model(workdir: str, step: int | None = None, mesh: jax.sharding.Mesh | 
     """The run's parameters at `step` (default: the newest checkpoint), checked against their checksums, on `mesh`
     (default: the run's own mesh shape)."""
     if not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir {workdir} does not exist; give a run directory written by `celerity train`")
+        problem = "is a file, not a folder" if os.path.exists(workdir) else "does not exist"
+        raise ConfigError(f"--workdir {workdir} {problem}; give a run directory written by `celerity train`")
     identity = _read_json(rundir.run_json_path(workdir), "the run's identity")
     plan = _read_json(os.path.join(workdir, rundir.PLAN_JSON), "the run's plan")
     cfg = run_model_config(identity, workdir)

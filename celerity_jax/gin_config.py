@@ -120,7 +120,7 @@ def _parse(parse: Callable[[str], object], source: str, in_file: bool) -> None:
 def _gin_error(where: str | None, message: str) -> ConfigError:
     """One line naming the problem (the first line of gin's message) and where it is, then the fix."""
     classes = {cls.__name__: cls for _, cls in CONFIGS}
-    problem = message.split("\n")[0]
+    problem = message.split("\n")[0].rstrip(".")
     fix = "write bindings as `Class.field = value` with Python literals (e.g. 20, 0.15, 'd2z', None)"
     m = re.search(r"Configurable '(\w+)' doesn't have a parameter named '(\w+)'", message)
     if m and m.group(1) in classes:

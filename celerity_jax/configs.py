@@ -94,6 +94,11 @@ class TrainConfig:
             steps.add(total_steps)
         return frozenset(steps)
 
+    def all_eval_steps(self, total_steps: int) -> frozenset[int]:
+        """Every step evaluated: `eval_steps` and every eval_every-th."""
+        every = range(self.eval_every, total_steps + 1, self.eval_every) if self.eval_every else ()
+        return self.eval_steps(total_steps) | frozenset(every)
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfigs:

@@ -172,10 +172,8 @@ def check_eval_grid(loaded) -> None:
     steps for the grid, as a small TPP or a large batch gives): its normalized curve would have a gap."""
     from celerity_jax.demo_report import GRID_BINS
 
-    total, train = loaded.plan.steps, loaded.configs.train
-    steps = set(train.eval_steps(total))
-    if train.eval_every:
-        steps.update(range(train.eval_every, total + 1, train.eval_every))
+    total = loaded.plan.steps
+    steps = loaded.configs.train.all_eval_steps(total)
     filled = {min(GRID_BINS - 1, step * GRID_BINS // total) for step in steps}
     if len(filled) < GRID_BINS:
         raise ConfigError(f"{loaded.name}: {total} steps, evaluated at {len(steps)} of them, leave "

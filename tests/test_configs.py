@@ -29,6 +29,8 @@ def test_eval_points_spread_evals_over_the_same_fractions_for_every_length():
         assert np.bincount(np.minimum(frac * 25, 24).astype(int), minlength=25).tolist() == [2] * 24 + [3]
     assert TrainConfig(eval_points=0, eval_every=100).eval_steps(1143) == {1143}  # the last step too
     assert TrainConfig(eval_points=0, eval_every=0).eval_steps(1143) == frozenset()
+    assert TrainConfig(eval_points=4, eval_every=500).all_eval_steps(1143) == {143, 429, 500, 714, 1000, 1143}
+    assert TrainConfig(eval_points=0, eval_every=0).all_eval_steps(1143) == frozenset()
     with pytest.raises(ConfigError, match="TrainConfig.eval_points=-1 must be >= 0"):
         TrainConfig(eval_points=-1)
 

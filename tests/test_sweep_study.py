@@ -88,9 +88,7 @@ def _two_workers_as_one(tmp_path, url: str, one_worker: dict) -> None:
         assert one_worker[name][2]["family"]["0.2"] == two[name][2]["family"]["0.2"]
 
 
-def test_a_killed_workers_trial_is_retried_and_counted_once(tmp_path, monkeypatch, fake_trainer):
-    from test_sweep_runner import _sweep_loss
-
+def test_a_killed_workers_trial_is_retried_and_counted_once(tmp_path, fake_trainer):
     _taken_by_a_dead_worker(tmp_path, {"heartbeat": 0.0})  # on another host: its heartbeat is old
     _the_dead_workers_trial_is_retried(tmp_path, fake_trainer)
 

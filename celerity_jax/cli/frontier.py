@@ -8,7 +8,7 @@ atomically into --out.
 import os
 
 from celerity_jax.cli import options
-from celerity_jax.fileio import check_output_dir, check_output_file, write_text_atomic
+from celerity_jax.fileio import check_output_dir, write_text_atomic
 
 FIGURE = "frontier.png"
 TABLE = "frontier.md"

@@ -10,6 +10,7 @@ import socket
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path, check_output_dir
+from celerity_jax.train import lock
 
 # `.NAME.partial-HOST-PID`: the folder NAME being built by process PID on HOST (the folder may be shared by hosts).
 PARTIAL = re.compile(r"\.(.+)\.partial-(.+)-(\d+)")
@@ -31,25 +32,16 @@ def check_not_partial(path: str, flag: str) -> None:
                           f"running; give the finished {match[1]} instead, or rerun the command that writes it")
 
 
-def _running(pid: int) -> bool:
-    """Whether a process other than this one has the id `pid`."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def _remove_dead_partials(parent: str, name: str) -> None:
     """Removes the partial folders of `name` left by processes of this host that are gone; those of running ones,
     and those of other hosts (whose processes cannot be seen from here), stay."""
     for entry in os.listdir(parent):
         match = PARTIAL.fullmatch(entry)
-        if match and match[1] == name and match[2] == socket.gethostname() and not _running(int(match[3])):
+        if not match or match[1] != name:
+            continue
+        host, pid = match[2], int(match[3])
+        left_by_this_id = host == socket.gethostname() and pid == os.getpid()  # by a killed process that had it
+        if left_by_this_id or lock.ended_here({"host": host, "pid": pid}):
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 

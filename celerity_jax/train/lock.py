@@ -44,7 +44,7 @@ def ended_here(holder: dict) -> bool:
 def _alive(holder: dict) -> bool:
     try:
         os.kill(holder["pid"], 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no process has so large an id
         return False
     except PermissionError:
         return True

@@ -80,7 +80,7 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
     progress = Progress(plan.steps, t.start.step, quiet=not t.workdir.is_chief)
     step_log = StepLog(t.run, t.writers, progress, t.start.step, t.measures)
     state, step, pending, stopped = t.start.state, t.start.step, [], StopReason.FINISHED
-    eval_steps = train_cfg.eval_steps(plan.steps)
+    eval_steps = train_cfg.all_eval_steps(plan.steps)
     scored_steps = downstream_steps(train_cfg, plan.steps)
     bad_at_start = int(jax.device_get(state.bad_steps))
     try:
@@ -91,7 +91,7 @@ def run_loop(t: setup.Trainer) -> LoopEnd:
             t.checkpointer.check_for_errors()
             interrupted = interrupts.requested()
             is_log = step % train_cfg.log_every == 0 or step == last_step or interrupted
-            is_eval = step in eval_steps or (bool(train_cfg.eval_every) and step % train_cfg.eval_every == 0)
+            is_eval = step in eval_steps
             is_checkpoint = step % train_cfg.checkpoint_every == 0 or step == last_step or interrupted
             is_scored = step in scored_steps
             if not (is_log or is_eval or is_checkpoint or is_scored):

@@ -16,6 +16,7 @@ DENSE_BACKWARDS = ("auto", "plain", "transposed")
 # ever less memory, ever more recompute. `transformer.REMAT_POLICIES` says what each saves.
 REMATS = ("none", "dots", "attention", "qkv", "full")
 RESIDUAL_DTYPES = ("auto", "float32", "bfloat16")
+ROUTERS = ("hash", "topk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,17 @@ class ModelConfig:
     # the CompleteP checks run exact, bfloat16 on TPU and GPU, which halves those activations (docs/compile.md);
     # what bfloat16 does to the curves: docs/science.md. Norms, softmax and logits run in float32 either way.
     residual_dtype: str = "auto"
+    # Mixture of experts: n_experts MLPs of kind `mlp` per block (1: the dense MLP), each token sent to
+    # experts_per_token of them. router "hash": expert hash(token id) mod n_experts, fixed, one per token, no
+    # auxiliary loss; "topk": a learned router's most probable experts, its probabilities the gates, trained with
+    # router_aux_coef × the Switch load-balancing loss.
+    # Each expert takes at most capacity_factor × its even share of a sequence's routes; a route past that is
+    # dropped (its MLP output is zero, the residual stream carries the token on).
+    n_experts: int = 1
+    router: str = "topk"
+    experts_per_token: int = 1
+    capacity_factor: float = 1.25
+    router_aux_coef: float = 0.01
 
     def __post_init__(self):
         check_field_types(self)
@@ -120,18 +132,19 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the field, the problem and the fix."""
         for name in ("n_layers", "d_model", "n_heads", "head_dim", "vocab_size", "max_seq_len",
-                     "d_base", "n_layers_base"):
+                     "d_base", "n_layers_base", "n_experts"):
             value = getattr(self, name)
             if value < 1:
                 _fail(name, value, "must be a positive integer")
-        for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output"):
+        for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output",
+                     "capacity_factor"):
             value = getattr(self, name)
             if not value > 0:
                 _fail(name, value, "must be a positive number")
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("positions", POSITIONS),
                               ("parametrization", PARAMETRIZATIONS), ("compute_dtype", COMPUTE_DTYPES),
                               ("attention_impl", ATTENTION_IMPLS), ("dense_backward", DENSE_BACKWARDS),
-                              ("remat", REMATS), ("residual_dtype", RESIDUAL_DTYPES)):
+                              ("remat", REMATS), ("residual_dtype", RESIDUAL_DTYPES), ("router", ROUTERS)):
             value = getattr(self, name)
             if value not in allowed:
                 _fail(name, value, f"is not a known option; use one of {', '.join(allowed)}")
@@ -153,6 +166,12 @@ class ModelConfig:
             _fail("mlp_ratio", self.mlp_ratio, f"gives an MLP width of {self.d_ff}; raise it")
         if self.positions == "rope" and self.head_dim % 2:
             _fail("head_dim", self.head_dim, "must be even for RoPE; use an even head_dim")
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            _fail("experts_per_token", self.experts_per_token, f"must lie in [1, n_experts={self.n_experts}]")
+        if self.router == "hash" and self.experts_per_token != 1:
+            _fail("experts_per_token", self.experts_per_token, "must be 1 with router='hash' (one expert per token)")
+        if self.router_aux_coef < 0:
+            _fail("router_aux_coef", self.router_aux_coef, "must be >= 0 (0 turns the load-balancing loss off)")
         if self.attention_impl == "cudnn" and self.compute_dtype == "float32":
             _fail("attention_impl", self.attention_impl, "needs compute_dtype='bfloat16'; "
                   "set ModelConfig.compute_dtype = 'bfloat16' or attention_impl = 'xla'")

@@ -71,19 +71,32 @@ def declarations_of(boxed) -> Any:
 
 
 def count_params(cfg: ModelConfig) -> int:
-    """Number of parameters N, embeddings included (as `init_params` would create them)."""
+    """Number of parameters N, embeddings and every expert included (as `init_params` would create them)."""
+    return _count(cfg, cfg.n_experts)
+
+
+def count_active_params(cfg: ModelConfig) -> int:
+    """The parameters one token's forward pass uses: N with experts_per_token experts per block instead of all
+    (N itself for a dense model)."""
+    return _count(cfg, cfg.experts_per_token if cfg.n_experts > 1 else 1)
+
+
+def _count(cfg: ModelConfig, experts: int) -> int:
+    """N with `experts` MLPs per block."""
     d, f = cfg.d_model, cfg.d_ff
     q_width, kv_width = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     norm = d * (2 if cfg.norm == "layernorm" and cfg.use_bias else 1)
     attn = 2 * d * q_width + 2 * d * kv_width + (q_width + 2 * kv_width + d if cfg.use_bias else 0)
     n_in = 2 if cfg.mlp == "swiglu" else 1  # SwiGLU has a gate and an up projection
     mlp = (n_in + 1) * d * f + (n_in * f + d if cfg.use_bias else 0)
+    router = d * cfg.n_experts if cfg.n_experts > 1 and cfg.router == "topk" else 0
     embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     positions = cfg.max_seq_len * d if cfg.positions == "learned" else 0
-    return cfg.n_layers * (2 * norm + attn + mlp) + norm + embed + positions
+    return cfg.n_layers * (2 * norm + attn + experts * mlp + router) + norm + embed + positions
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6N plus attention scores, counting the full L×L matrix
-    (12·layers·heads·head_dim·seq_len, as PaLM's appendix B does; grouped keys and values change N, not this)."""
-    return 6.0 * count_params(cfg) + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
+    """Training FLOPs per token: 6 × the active parameters (`count_active_params`) plus attention scores, counting
+    the full L×L matrix (12·layers·heads·head_dim·seq_len, as PaLM's appendix B does; grouped keys and values
+    change N, not this). A mixture of experts' dispatch and combine einsums are not counted."""
+    return 6.0 * count_active_params(cfg) + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len

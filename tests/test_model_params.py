@@ -7,7 +7,7 @@ import pytest
 from celerity_jax.model import sharding, transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.params import FOLDS, LAYERS, Declaration, count_params, declare, flops_per_token
+from celerity_jax.model.params import EXPERT, FOLDS, LAYERS, Declaration, count_params, declare, flops_per_token
 from celerity_jax.model.presets import PRESETS
 
 
@@ -42,7 +42,9 @@ def test_flops_per_token_is_6n_plus_attention():
 
 @pytest.mark.parametrize("name, variant", [(name, {"scan_layers": True}) for name in sorted(PRESETS)] + [("tiny-d32", {}),
     ("tiny-d32", {"scan_layers": True, "use_bias": True, "positions": "learned"}),
-    ("tiny-d32", {"tie_embeddings": True, "mlp": "swiglu", "n_kv_heads": 1})])
+    ("tiny-d32", {"tie_embeddings": True, "mlp": "swiglu", "n_kv_heads": 1}),
+    ("tiny-d32", {"n_experts": 4, "experts_per_token": 2, "mlp": "swiglu", "use_bias": True, "scan_layers": True}),
+    ("tiny-d32", {"n_experts": 4, "router": "hash"})])
 def test_every_parameter_of_every_preset_declares_a_role_and_an_axis_per_dim(name, variant):
     cfg = dataclasses.replace(PRESETS[name], **variant)
     shapes = jax.eval_shape(lambda: transformer.init_params(cfg, jax.random.key(0)))
@@ -52,7 +54,9 @@ def test_every_parameter_of_every_preset_declares_a_role_and_an_axis_per_dim(nam
         assert isinstance(d, Declaration) and isinstance(d.role, Role)
         assert len(d.axes) == x.ndim and all(axis in sharding.LOGICAL_RULES for axis in d.axes)
         assert d.fold in FOLDS + (None,)
-        assert (d.axes[0] == LAYERS) == (cfg.scan_layers and d.role in (Role.HIDDEN, Role.BLOCK_VECTOR))
+        assert (d.axes[0] == LAYERS) == (cfg.scan_layers and d.role in (Role.HIDDEN, Role.BLOCK_VECTOR, Role.ROUTER))
+    for path, d in jax.tree_util.tree_leaves_with_path(declared):  # a mixture's experts and router, nothing else
+        assert (EXPERT in d.axes) == (cfg.n_experts > 1 and "['mlp']" in jax.tree_util.keystr(path))
 
 
 def test_a_fold_that_is_no_forward_multiplier_is_refused():

@@ -17,6 +17,7 @@ from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
 
 LAYERS = "layers"  # the logical axis that scanned layers stack their parameters on
+EXPERT = "expert"  # the logical axis that a mixture of experts stacks its experts' parameters on
 FOLDS = ("input", "query", "residual", "output")
 
 
@@ -48,9 +49,10 @@ class Declared(nn.meta.AxisMetadata):
         return self.replace(value=val)
 
     def add_axis(self, index: int, params: dict) -> "Declared":
-        axes = self.declaration.axes
+        """The axis a flax lift (nn.scan, nn.vmap) stacks on: its metadata's partition name, LAYERS without one."""
+        axes, added = self.declaration.axes, params.get(nn.PARTITION_NAME, LAYERS)
         return self.replace(declaration=dataclasses.replace(
-            self.declaration, axes=axes[:index] + (LAYERS,) + axes[index:]))
+            self.declaration, axes=axes[:index] + (added,) + axes[index:]))
 
     def remove_axis(self, index: int, params: dict) -> "Declared":
         axes = self.declaration.axes

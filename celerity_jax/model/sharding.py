@@ -34,6 +34,8 @@ LOGICAL_RULES = {
     "position": None,        # learned positions
     "norm": None,            # norm gains and biases: small, and read whole by every chip
     "layers": None,          # the stacked layers of scanned blocks
+    "expert": None,          # experts (stacked expert weights, router outputs): whole on every chip, not yet split
+                             # over chips (expert parallelism)
     # activations
     "batch": BATCH_AXES,
     "sequence": "tensor",    # the residual stream's positions (sequence parallelism)

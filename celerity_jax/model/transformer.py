@@ -1,6 +1,7 @@
 """Decoder-only transformer in Flax linen, used through `init_params` and `apply` on plain pytrees.
 
-Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers.
+Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers; in a mixture of
+experts E experts, R experts per token (routes), C expert capacity (routes an expert takes from a sequence).
 Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" resolved), the residual stream in
 cfg.residual (residual_dtype resolved); norms, softmax and logits stay float32. Initial std, LR and eps per
 parameter come from `completep`.
@@ -8,6 +9,7 @@ parameter come from `completep`.
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -20,7 +22,7 @@ from celerity_jax.model import (attention, completep, flash_attention, flash_att
                                 sharding)
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.params import declarations_of, declare
+from celerity_jax.model.params import EXPERT, declarations_of, declare
 
 _unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
 
@@ -168,15 +170,72 @@ class Mlp(nn.Module):
         return _dense(cfg, x_BxLxD.shape[-1], "down", ("mlp", "embed"), "residual")(h_BxLxF)
 
 
-class Block(nn.Module):
-    """Pre-norm block x ← x + r·Attn(Norm x); x ← x + r·MLP(Norm x), r = m_L^(−α).
-    Returns the new residual stream and its RMS (for the coordinate check); with `cached` (see Attention), also
-    the layer's updated keys and values."""
+def token_hash(tokens_BxL: jax.Array) -> jax.Array:
+    """A fixed hash of token ids: the upper 16 of the 32 bits of Knuth's multiplicative hash, which spreads
+    neighbouring ids apart."""
+    return (tokens_BxL.astype(jnp.uint32) * jnp.uint32(2654435761)) >> 16
+
+
+def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
+    """C: the most routes an expert takes from one sequence, capacity_factor × its even share of the sequence's
+    seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice."""
+    share = cfg.capacity_factor * seq_len * cfg.experts_per_token / cfg.n_experts
+    return min(seq_len, max(1, math.ceil(share)))
+
+
+class MixtureOfExperts(nn.Module):
+    """The MLP branch as n_experts MLPs of kind ModelConfig.mlp, their weights stacked on a leading EXPERT axis.
+
+    Each sequence is dispatched on its own, its routes taken in order of position and then of rank: whether a
+    token's route is dropped depends on the tokens before it only, so the model stays causal. Each expert's weights
+    take the dense MLP's role (same fan-in); the router its own, `completep.Role.ROUTER`."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x_BxLxD, cached=None):
+    def __call__(self, x_BxLxD, tokens_BxL):
+        """(the branch's output, stats): stats hold expert_load (each expert's fraction of the routes, before
+        drops), dropped (the fraction of routes dropped) and, for router "topk", router_aux (the Switch
+        load-balancing loss E·Σ_e load_e·mean probability_e, 1 when balanced)."""
+        cfg = self.cfg
+        b, l, d = x_BxLxD.shape
+        e, r, c = cfg.n_experts, cfg.experts_per_token, expert_capacity(cfg, l)
+        if cfg.router == "hash":
+            expert_BxLxR = (token_hash(tokens_BxL) % e).astype(jnp.int32)[..., None]
+            gate_BxLxR = jnp.ones((b, l, 1), jnp.float32)
+        else:
+            router_DxE = self.param("router", declare(_unit_normal, Role.ROUTER, ("embed", EXPERT)), (d, e))
+            probs_BxLxE = jax.nn.softmax(jnp.dot(x_BxLxD.astype(jnp.float32), router_DxE), axis=-1)
+            gate_BxLxR, expert_BxLxR = jax.lax.top_k(probs_BxLxE, r)
+        routes_BxLRxE = jax.nn.one_hot(expert_BxLxR.reshape(b, l * r), e, dtype=jnp.int32)
+        slot_BxLRxE = jnp.cumsum(routes_BxLRxE, axis=1) - 1  # each route's place in its expert's buffer
+        # one_hot gives zeros for a slot past the capacity: the route is dropped
+        dispatch_BxLxRxExC = (jax.nn.one_hot(slot_BxLRxE, c) * routes_BxLRxE[..., None]).reshape(b, l, r, e, c)
+        dispatch_BxLxExC = jnp.sum(dispatch_BxLxRxExC, axis=2)
+        combine_BxLxExC = jnp.einsum("blrec,blr->blec", dispatch_BxLxRxExC, gate_BxLxR)
+
+        experts = nn.vmap(Mlp, variable_axes={"params": 0}, split_rngs={"params": True},
+                          metadata_params={nn.PARTITION_NAME: EXPERT})(cfg, name="experts")
+        in_ExBxCxD = jnp.einsum("blec,bld->ebcd", dispatch_BxLxExC.astype(cfg.dtype), x_BxLxD)
+        out_BxLxD = jnp.einsum("blec,ebcd->bld", combine_BxLxExC.astype(cfg.dtype), experts(in_ExBxCxD))
+
+        load_E = jnp.mean(routes_BxLRxE, axis=(0, 1), dtype=jnp.float32)
+        stats = {"expert_load": load_E, "dropped": 1.0 - jnp.sum(dispatch_BxLxExC) / (b * l * r)}
+        if cfg.router == "topk":
+            stats["router_aux"] = e * jnp.sum(load_E * jnp.mean(probs_BxLxE, axis=(0, 1)))
+        return out_BxLxD, stats
+
+
+class Block(nn.Module):
+    """Pre-norm block x ← x + r·Attn(Norm x); x ← x + r·MLP(Norm x), r = m_L^(−α); the MLP a mixture of experts
+    when ModelConfig.n_experts > 1 (the hash router reads the tokens).
+    Returns the new residual stream and the layer's stats: residual_rms (for the coordinate check) and a mixture's
+    router stats; with `cached` (see Attention), also the layer's updated keys and values."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxD, tokens_BxL, cached=None):
         cfg = self.cfg
         r = completep.forward_multipliers(cfg)["residual"]
         x_BxLxD = sharding.constrain_residual(x_BxLxD)
@@ -184,9 +243,14 @@ class Block(nn.Module):
         if cached is not None:
             attn_BxLxD, kv = attn_BxLxD
         x_BxLxD = sharding.constrain_residual(x_BxLxD + r * attn_BxLxD.astype(cfg.residual))
-        mlp_BxLxD = Mlp(cfg, name="mlp")(Norm(cfg, name="mlp_norm")(x_BxLxD))
+        h_BxLxD = Norm(cfg, name="mlp_norm")(x_BxLxD)
+        if cfg.n_experts == 1:
+            mlp_BxLxD, stats = Mlp(cfg, name="mlp")(h_BxLxD), {}
+        else:
+            mlp_BxLxD, stats = MixtureOfExperts(cfg, name="mlp")(h_BxLxD, tokens_BxL)
         x_BxLxD = sharding.constrain_residual(x_BxLxD + r * mlp_BxLxD.astype(cfg.residual))
-        return (x_BxLxD, _rms(x_BxLxD)) if cached is None else (x_BxLxD, _rms(x_BxLxD), kv)
+        stats = {"residual_rms": _rms(x_BxLxD), **stats}
+        return (x_BxLxD, stats) if cached is None else (x_BxLxD, stats, kv)
 
 
 class Transformer(nn.Module):
@@ -219,7 +283,7 @@ class Transformer(nn.Module):
             k, v = [], []
             for i in range(cfg.n_layers):
                 x_BxLxD, _, (k_i, v_i) = block(cfg, name=f"block_{i}")(
-                    x_BxLxD, (cache.k_NxBxSxGxK[i], cache.v_NxBxSxGxK[i], positions_BxL))
+                    x_BxLxD, tokens_BxL, (cache.k_NxBxSxGxK[i], cache.v_NxBxSxGxK[i], positions_BxL))
                 k.append(k_i)
                 v.append(v_i)
             cache = KVCache(jnp.stack(k), jnp.stack(v))
@@ -228,15 +292,15 @@ class Transformer(nn.Module):
                 block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
             if cfg.scan_layers:
                 scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                                  length=cfg.n_layers)
-                x_BxLxD, rms_N = scanned(cfg, name="blocks")(x_BxLxD)
+                                  in_axes=nn.broadcast, length=cfg.n_layers)
+                x_BxLxD, layer_stats_N = scanned(cfg, name="blocks")(x_BxLxD, tokens_BxL)
             else:
-                rms = []
+                layer_stats = []
                 for i in range(cfg.n_layers):
-                    x_BxLxD, rms_i = block(cfg, name=f"block_{i}")(x_BxLxD)
-                    rms.append(rms_i)
-                rms_N = jnp.stack(rms)
-            stats["residual_rms"] = rms_N
+                    x_BxLxD, stats_i = block(cfg, name=f"block_{i}")(x_BxLxD, tokens_BxL)
+                    layer_stats.append(stats_i)
+                layer_stats_N = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layer_stats)
+            stats.update(layer_stats_N)
 
         x_BxLxD = Norm(cfg, Role.FINAL_NORM, name="final_norm")(x_BxLxD)
         if cfg.tie_embeddings:
@@ -281,7 +345,8 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> dict:
 def apply(cfg: ModelConfig, params: dict, tokens_BxL: jax.Array, *, return_stats: bool = False):
     """Float32 logits_BxLxV of the next token at every position.
 
-    With return_stats, also a dict of RMS values: embed_rms, residual_rms (one per layer), logits_rms.
+    With return_stats, also a dict of RMS values: embed_rms, residual_rms (one per layer), logits_rms; and with
+    n_experts > 1 each layer's router stats (`MixtureOfExperts`).
     """
     _check_tokens(cfg, tokens_BxL)
     logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, tokens_BxL)
@@ -310,16 +375,33 @@ def unstack_layers(cfg: ModelConfig, params: dict) -> tuple[ModelConfig, dict]:
 def next_token_loss(cfg: ModelConfig, params: dict, inputs_BxL: jax.Array, targets_BxL: jax.Array, *,
                     z_loss: float = 0.0, loss_unroll: int = 1) -> tuple[jax.Array, dict[str, jax.Array]]:
     """`loss.cross_entropy` of the model's logits, computed in chunks of ModelConfig.logits_chunk_len positions
-    when that asks for chunks (the logits then never exist whole); loss_unroll: chunks per iteration of its loop."""
+    when that asks for chunks (the logits then never exist whole); loss_unroll: chunks per iteration of its loop.
+    A mixture of experts adds its router's terms (`_with_router_terms`)."""
     _check_tokens(cfg, inputs_BxL)
     batch, seq_len = inputs_BxL.shape
     chunk_len = loss.logits_chunk_len(cfg.logits_chunk_len, sharding.local_batch(batch), seq_len, cfg.vocab_size)
     if chunk_len == seq_len:
-        logits_BxLxV, _ = Transformer(cfg).apply({"params": params}, inputs_BxL)
-        return loss.cross_entropy(logits_BxLxV, targets_BxL, z_loss)
-    x_BxLxD, unembed_DxV, _ = Transformer(cfg).apply({"params": params}, inputs_BxL, unembed=False)
-    return loss.chunked_cross_entropy(x_BxLxD, unembed_DxV, targets_BxL, chunk_len=chunk_len, z_loss=z_loss,
-                                      logit_scale=completep.forward_multipliers(cfg)["output"], unroll=loss_unroll)
+        logits_BxLxV, stats = Transformer(cfg).apply({"params": params}, inputs_BxL)
+        total, terms = loss.cross_entropy(logits_BxLxV, targets_BxL, z_loss)
+    else:
+        x_BxLxD, unembed_DxV, stats = Transformer(cfg).apply({"params": params}, inputs_BxL, unembed=False)
+        total, terms = loss.chunked_cross_entropy(
+            x_BxLxD, unembed_DxV, targets_BxL, chunk_len=chunk_len, z_loss=z_loss,
+            logit_scale=completep.forward_multipliers(cfg)["output"], unroll=loss_unroll)
+    return _with_router_terms(cfg, total, terms, stats)
+
+
+def _with_router_terms(cfg: ModelConfig, total, terms: dict, stats: dict) -> tuple[jax.Array, dict]:
+    """With n_experts > 1: terms gain the layers' mean dropped fraction and their expert_load (N × E); a top-k
+    router's load-balancing loss, averaged over the layers (router_aux), is added to the total × router_aux_coef.
+    A dense model's total and terms are returned as they are."""
+    if cfg.n_experts == 1:
+        return total, terms
+    terms = {**terms, "dropped": jnp.mean(stats["dropped"]), "expert_load": stats["expert_load"]}
+    if cfg.router == "topk":
+        terms["router_aux"] = jnp.mean(stats["router_aux"])
+        total = total + cfg.router_aux_coef * terms["router_aux"]
+    return total, terms
 
 
 def _check_tokens(cfg: ModelConfig, tokens_BxL: jax.Array) -> None:

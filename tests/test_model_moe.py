@@ -90,6 +90,25 @@ def test_top_two_routing_sums_the_gated_outputs_of_the_two_most_probable_experts
     assert stats["dropped"] == 0
 
 
+def test_normalized_gates_sum_to_one_over_a_tokens_experts():
+    cfg = _cfg(n_experts=4, experts_per_token=2, use_bias=True, capacity_factor=None, normalize_gates=True)
+    router_DxE = jax.random.normal(jax.random.key(0), (cfg.d_model, 4))
+    x = jax.random.normal(jax.random.key(1), (2, 8, cfg.d_model))
+    out, _ = _moe(cfg, _numbered_experts(cfg, router_DxE), x, jnp.zeros((2, 8), jnp.int32))
+    gate_BxLx2, expert_BxLx2 = jax.lax.top_k(jax.nn.softmax(x @ router_DxE), 2)
+    gate_BxLx2 = gate_BxLx2 / jnp.sum(gate_BxLx2, axis=-1, keepdims=True)
+    np.testing.assert_allclose(out[..., 0], jnp.sum(gate_BxLx2 * (expert_BxLx2 + 1), axis=-1), rtol=1e-5)
+
+
+def test_capacity_none_drops_nothing_even_when_every_token_takes_one_expert():
+    cfg = _cfg(n_experts=8, router="hash", use_bias=True, capacity_factor=None)
+    assert transformer.expert_capacity(cfg, 8) == 8
+    tokens = jnp.full((2, 8), 5)
+    out, stats = _moe(cfg, _numbered_experts(cfg), jnp.ones((2, 8, cfg.d_model)), tokens)
+    assert stats["dropped"] == 0
+    np.testing.assert_array_equal(out[..., 0], ((5 * 2654435761) % 2**32 >> 16) % 8 + 1)
+
+
 def test_the_load_balancing_loss_is_e_times_load_dot_mean_probability():
     cfg = _cfg(n_experts=2, capacity_factor=2.0)
     router_DxE = np.zeros((cfg.d_model, 2))
@@ -156,6 +175,7 @@ def test_n_counts_every_expert_and_flops_count_the_active_ones(router, mlp, scan
     ({"experts_per_token": 2}, "experts_per_token"), ({"n_experts": 4, "router": "hash", "experts_per_token": 2},
                                                       "experts_per_token"),
     ({"router": "random"}, "router"), ({"capacity_factor": 0.0}, "capacity_factor"),
+    ({"capacity_factor": -1.0}, "capacity_factor"),
     ({"router_aux_coef": -0.1}, "router_aux_coef")])
 def test_bad_mixture_settings_are_refused_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=f"ModelConfig.{field}="):

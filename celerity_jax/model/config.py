@@ -78,13 +78,16 @@ class ModelConfig:
     # Mixture of experts: n_experts MLPs of kind `mlp` per block (1: the dense MLP), each token sent to
     # experts_per_token of them. router "hash": expert hash(token id) mod n_experts, fixed, one per token, no
     # auxiliary loss; "topk": a learned router's most probable experts, its probabilities the gates, trained with
-    # router_aux_coef × the Switch load-balancing loss.
+    # router_aux_coef × the Switch load-balancing loss; normalize_gates divides a token's top-k gates by their sum
+    # (Mixtral's rule).
     # Each expert takes at most capacity_factor × its even share of a sequence's routes; a route past that is
-    # dropped (its MLP output is zero, the residual stream carries the token on).
+    # dropped (its MLP output is zero, the residual stream carries the token on). None: nothing is dropped (each
+    # expert has room for the whole sequence).
     n_experts: int = 1
     router: str = "topk"
     experts_per_token: int = 1
-    capacity_factor: float = 1.25
+    capacity_factor: float | None = 1.25
+    normalize_gates: bool = False
     router_aux_coef: float = 0.01
 
     def __post_init__(self):
@@ -136,8 +139,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value < 1:
                 _fail(name, value, "must be a positive integer")
-        for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output",
-                     "capacity_factor"):
+        for name in ("norm_eps", "mlp_ratio", "rope_theta", "sigma_base", "alpha_input", "alpha_output"):
             value = getattr(self, name)
             if not value > 0:
                 _fail(name, value, "must be a positive number")
@@ -170,6 +172,8 @@ class ModelConfig:
             _fail("experts_per_token", self.experts_per_token, f"must lie in [1, n_experts={self.n_experts}]")
         if self.router == "hash" and self.experts_per_token != 1:
             _fail("experts_per_token", self.experts_per_token, "must be 1 with router='hash' (one expert per token)")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            _fail("capacity_factor", self.capacity_factor, "must be a positive number, or None to drop nothing")
         if self.router_aux_coef < 0:
             _fail("router_aux_coef", self.router_aux_coef, "must be >= 0 (0 turns the load-balancing loss off)")
         if self.attention_impl == "cudnn" and self.compute_dtype == "float32":

@@ -178,7 +178,10 @@ def token_hash(tokens_BxL: jax.Array) -> jax.Array:
 
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
     """C: the most routes an expert takes from one sequence, capacity_factor × its even share of the sequence's
-    seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice."""
+    seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice (and seq_len
+    with capacity_factor None)."""
+    if cfg.capacity_factor is None:
+        return seq_len
     share = cfg.capacity_factor * seq_len * cfg.experts_per_token / cfg.n_experts
     return min(seq_len, max(1, math.ceil(share)))
 
@@ -207,6 +210,8 @@ class MixtureOfExperts(nn.Module):
             router_DxE = self.param("router", declare(_unit_normal, Role.ROUTER, ("embed", EXPERT)), (d, e))
             probs_BxLxE = jax.nn.softmax(jnp.dot(x_BxLxD.astype(jnp.float32), router_DxE), axis=-1)
             gate_BxLxR, expert_BxLxR = jax.lax.top_k(probs_BxLxE, r)
+            if cfg.normalize_gates:
+                gate_BxLxR = gate_BxLxR / jnp.sum(gate_BxLxR, axis=-1, keepdims=True)
         routes_BxLRxE = jax.nn.one_hot(expert_BxLxR.reshape(b, l * r), e, dtype=jnp.int32)
         slot_BxLRxE = jnp.cumsum(routes_BxLRxE, axis=1) - 1  # each route's place in its expert's buffer
         # one_hot gives zeros for a slot past the capacity: the route is dropped

@@ -3,7 +3,8 @@
 Tiny models see the same batch at the same base LR; plain Adam (β 0.9/0.95, no decay) applies the
 per-parameter LR and eps multipliers of `completep`. We record, per step, the RMS of the last
 residual stream and of the logits. Under CompleteP these stay put across width and depth; under
-the standard parametrization they grow with width.
+the standard parametrization they grow with width. With n_experts > 1 every model of the sweep has a
+mixture-of-experts MLP (a top-k router by default), so the experts' and the router's roles are checked too.
 """
 
 import dataclasses
@@ -34,6 +35,9 @@ class CoordCheckConfig:
     base_lr: float = 1e-2
     base_eps: float = 1e-8
     seed: int = 0
+    n_experts: int = 1
+    router: str = "topk"
+    experts_per_token: int = 1
 
 
 def model_config(cc: CoordCheckConfig, mode: str, d_model: int, n_layers: int) -> ModelConfig:
@@ -41,7 +45,8 @@ def model_config(cc: CoordCheckConfig, mode: str, d_model: int, n_layers: int) -
     return ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=d_model // cc.head_dim,
                        head_dim=cc.head_dim, vocab_size=cc.vocab_size, max_seq_len=cc.seq_len,
                        parametrization=mode, d_base=min(cc.widths), n_layers_base=min(cc.depths),
-                       scan_layers=True)
+                       scan_layers=True, n_experts=cc.n_experts, router=cc.router,
+                       experts_per_token=cc.experts_per_token)
 
 
 def batch_tokens(cc: CoordCheckConfig) -> np.ndarray:

@@ -14,7 +14,8 @@ def test_coordcheck_command_draws_the_figure_and_prints_the_table(tmp_path, caps
 
 
 @pytest.mark.parametrize("flag, value", [("--widths", "64,100"), ("--modes", "ntk"), ("--depths", "x"),
-                                         ("--out", "/nonexistent-dir/cc.png")])
+                                         ("--out", "/nonexistent-dir/cc.png"), ("--experts", "0"),
+                                         ("--router", "random"), ("--experts-per-token", "3")])
 def test_coordcheck_bad_arguments_exit_2_before_any_work(flag, value, tmp_path, capsys):
     argv = ["coordcheck", "--out", str(tmp_path / "cc.png"), flag, value]
     assert cli.main(argv) == 2

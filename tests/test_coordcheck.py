@@ -45,6 +45,14 @@ def test_full_ladder():
     _check(_results(FULL), FULL)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("router, k", [("topk", 2), ("hash", 1)])
+def test_a_mixture_of_experts_is_stable_under_completep_too(router, k):
+    cc = dataclasses.replace(QUICK, n_experts=4, router=router, experts_per_token=k)
+    assert coordcheck.model_config(cc, "completep", 64, 2).n_experts == 4
+    _check(_results(cc), cc)
+
+
 def test_plot_writes_the_figure(quick_results, tmp_path):
     coordcheck.plot(quick_results, str(tmp_path / "cc.png"))
     assert (tmp_path / "cc.png").stat().st_size > 10_000

@@ -16,6 +16,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--depths", default="2,4,8,16", help="layer counts, at width min(widths)")
     p.add_argument("--steps", type=int, default=10, help="Adam steps")
     p.add_argument("--lr", type=float, default=1e-2, help="base learning rate")
+    p.add_argument("--experts", type=int, default=1, help="experts per MLP (1: dense; more: a mixture of experts)")
+    p.add_argument("--router", default="topk", help="the mixture's router: topk or hash")
+    p.add_argument("--experts-per-token", type=int, default=1, help="experts each token goes to (top-k router)")
     p.set_defaults(func=coordcheck_command)
 
 
@@ -34,7 +37,13 @@ def coordcheck_command(args: argparse.Namespace) -> int:
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--out={args.out!r}: directory {out_dir} does not exist; create it first")
     cc = coordcheck.CoordCheckConfig(widths=widths, depths=depths, fixed_depth=min(depths),
-                                     fixed_width=min(widths), steps=args.steps, base_lr=args.lr)
+                                     fixed_width=min(widths), steps=args.steps, base_lr=args.lr,
+                                     n_experts=args.experts, router=args.router,
+                                     experts_per_token=args.experts_per_token)
+    try:
+        coordcheck.model_config(cc, modes[0], widths[0], depths[0])
+    except ConfigError as e:
+        raise ConfigError(f"--experts/--router/--experts-per-token: {e}") from None
     results = coordcheck.run(cc, modes)
     coordcheck.plot(results, args.out)
     print(f"step-{args.steps} RMS (spread = max/min over the sweep)")

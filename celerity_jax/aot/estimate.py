@@ -36,9 +36,10 @@ COST_KEYS = ("flops", "bytes accessed", "optimal_seconds")
 
 
 # XLA:TPU's cost model puts −1 s into `optimal_seconds` for each of these custom calls it does not model: seen
-# with libtpu 0.0.42 (on v5e), where the total is off by exactly minus their count. Added back only for the
-# libtpu versions where that was seen; elsewhere a time that comes out negative gives no estimate.
-UNMODELED_CALLS = ("ConcatBitcast",)
+# with libtpu 0.0.42, where the total is off by exactly minus their count (ConcatBitcast on v5e; on v5p the
+# PrepareAsyncCall pair of each scatter a mixture of experts' step offloads). Added back only for the libtpu
+# versions where that was seen; elsewhere a time that comes out negative gives no estimate.
+UNMODELED_CALLS = ("ConcatBitcast", "PrepareAsyncCallStart", "PrepareAsyncCallDone")
 UNMODELED_CALLS_LIBTPU = ("0.0.42",)
 
 # Compiler options of the cost pieces on TPU: no windowed-einsum loops (see above).

@@ -3,14 +3,16 @@
     bytes = state + gradients + L × a layer's saved activations + the rest of the model's saved activations
             + the working set of the backward pass
 
-- state: every leaf of the train state (parameters, Adam moments, monitor) at its per-chip shard shape;
+- state: every leaf of the train state (parameters, every expert of a mixture among them, Adam moments, monitor)
+  at its per-chip shard shape;
 - gradients: one float32 parameter tree per chip, two with microbatches (the running sum and the microbatch's);
 - saved activations: what the backward pass keeps from the forward pass under the remat policy, read off JAX's
   own residuals of the loss's vjp (traced under `eval_shape` for one microbatch on the mesh, no compile) at
   depth 1 and 2: a layer's r(2) − r(1), the embedding's, final norm's and loss's 2·r(1) − r(2). An array whose
-  leading dim is a multiple of the microbatch is split over the data shards and the tensor axis; a parameter
-  kept for the backward pass is already in the state, and its bfloat16 copy is counted sharded as the
-  parameter; anything else is counted whole;
+  leading dim is a multiple of the microbatch (a mixture of experts' B×L×E×C dispatch and combine tensors among
+  them), or a mixture's tokens at its experts [E, B, C, ...], is split over the data shards and the tensor axis;
+  a parameter kept for the backward pass is already in the state, and its bfloat16 copy is counted sharded as
+  the parameter; anything else is counted whole;
 - the working set: with remat, the backward pass recomputes one layer's activations, r_none − r_remat of one
   layer more; the loss chunk's float32 logits and their gradient.
 
@@ -108,10 +110,16 @@ def _residual_bytes(cfg, micro_seqs: int, seq_len: int, mesh) -> float:
         size = math.prod(a.shape) * a.dtype.itemsize
         if a.shape in param_shapes:  # a parameter (counted in the state) or its bfloat16 copy, sharded
             size = 0.0 if a.dtype == jnp.float32 else size / weight_chips
-        elif a.ndim >= 2 and a.shape[0] % micro_seqs == 0:
-            # batch-leading (the flash kernel folds head groups into the batch on a tensor mesh). XLA splits
-            # activations over the tensor axis too, model-wide ones included where it can: counting them split
-            # errs low, which costs a compile rather than a setting
+        elif a.ndim >= 2 and (a.shape[0] % micro_seqs == 0 or _expert_leading(cfg, a, micro_seqs)):
+            # batch-leading (the flash kernel folds head groups into the batch on a tensor mesh), or a mixture's
+            # tokens at its experts [E, B, C, ...] (split over the data shards too: their experts over fsdp and
+            # batch over data with expert parallelism, their batch over both without). XLA splits activations
+            # over the tensor axis too, model-wide ones included where it can: counting them split errs low,
+            # which costs a compile rather than a setting
             size /= (shards if micro_seqs % shards == 0 else 1) * tensor
         total += size
     return total
+
+
+def _expert_leading(cfg, a, micro_seqs: int) -> bool:
+    return cfg.n_experts > 1 and a.ndim >= 3 and a.shape[0] == cfg.n_experts and a.shape[1] % micro_seqs == 0

@@ -89,6 +89,10 @@ class ModelConfig:
     capacity_factor: float | None = 1.25
     normalize_gates: bool = False
     router_aux_coef: float = 0.01
+    # True: the experts split over the fsdp mesh axis, each chip running its own on every chip's tokens, which an
+    # all-to-all brings (expert parallelism); False: every chip runs every expert on its own tokens, the expert
+    # weights gathered as a dense MLP's. docs/moe.md compares the two.
+    expert_parallel: bool = True
 
     def __post_init__(self):
         check_field_types(self)

@@ -2,7 +2,8 @@
 activation.
 
 Mesh axes: `data` (pure data parallel), `fsdp` (data parallel with parameters and optimizer state
-sharded), `tensor` (Megatron-style: column-parallel q/k/v/up/gate, row-parallel o/down).
+sharded, and a mixture's experts with expert parallelism), `tensor` (Megatron-style: column-parallel
+q/k/v/up/gate, row-parallel o/down).
 Every parameter declares the logical axis of each dim where transformer.py creates it (`params.Declaration`);
 LOGICAL_RULES maps those, and the activations' logical axes, to mesh axes. A dimension that its mesh axis does not
 divide is kept whole, so tiny models run on any mesh; `unsplit` and `unsplit_activations` name such dimensions, and
@@ -34,8 +35,13 @@ LOGICAL_RULES = {
     "position": None,        # learned positions
     "norm": None,            # norm gains and biases: small, and read whole by every chip
     "layers": None,          # the stacked layers of scanned blocks
-    "expert": None,          # experts (stacked expert weights, router outputs): whole on every chip, not yet split
-                             # over chips (expert parallelism)
+    # A mixture's experts (its stacked expert weights, the tokens at them). With expert parallelism
+    # (ModelConfig.expert_parallel) fsdp splits them: fsdp already splits the batch, so one all-to-all within fsdp
+    # takes a chip's tokens to their experts, the experts' weights and moments stay split as FSDP splits a dense
+    # MLP's (never gathered whole), and no new mesh axis changes the dense plans. Without it every chip runs every
+    # expert on its own tokens, the weights gathered as a dense MLP's.
+    "expert": "fsdp",
+    "expert_whole": None,
     # activations
     "batch": BATCH_AXES,
     "sequence": "tensor",    # the residual stream's positions (sequence parallelism)
@@ -117,6 +123,14 @@ def constrain_batch(x):
     return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *[None] * (x.ndim - 1)))
 
 
+def constrain(x, axes: tuple[str | None, ...]):
+    """x laid out by the logical `axes` under the mesh being traced (`jax.set_mesh`); unchanged without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(axes, x.shape, mesh))
+
+
 def constrain_residual(x_BxLxD):
     """The residual stream laid out by RESIDUAL_AXES under the mesh being traced (`jax.set_mesh`); unchanged
     without one."""
@@ -166,11 +180,20 @@ def _divides(logical: str | None, size: int, mesh: Mesh) -> bool:
 
 def logical_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh) -> P:
     """The spec of an array whose dims have the logical `axes`: each dim split over its rule's mesh axes where they
-    divide it, else whole."""
+    divide it, else whole. A mesh axis splits one dim at most, the first that it splits: later dims keep the rest
+    of their rule (an expert weight's experts take fsdp and its embed dim stays whole; dispatched tokens' experts
+    take fsdp and their batch keeps data)."""
     if len(axes) != len(shape):
         raise ValueError(f"logical axes {axes} do not match the shape {shape}; declare one axis per dim")
-    return P(*(LOGICAL_RULES[logical] if logical is not None and _divides(logical, size, mesh) else None
-               for logical, size in zip(axes, shape)))
+    taken, spec = set(), []
+    for logical, size in zip(axes, shape):
+        split = tuple(a for a in _split(logical) if a not in taken)
+        if split and size % math.prod(mesh.shape[a] for a in split) == 0:
+            taken.update(split)
+            spec.append(split[0] if len(split) == 1 else split)
+        else:
+            spec.append(None)
+    return P(*spec)
 
 
 def _undivided(name: str, logical: str, size: int, mesh: Mesh) -> str | None:

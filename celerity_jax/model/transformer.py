@@ -191,7 +191,8 @@ class MixtureOfExperts(nn.Module):
 
     Each sequence is dispatched on its own, its routes taken in order of position and then of rank: whether a
     token's route is dropped depends on the tokens before it only, so the model stays causal. Each expert's weights
-    take the dense MLP's role (same fan-in); the router its own, `completep.Role.ROUTER`."""
+    take the dense MLP's role (same fan-in); the router its own, `completep.Role.ROUTER`. With
+    ModelConfig.expert_parallel the experts are split over the fsdp mesh axis (`sharding.LOGICAL_RULES`)."""
 
     cfg: ModelConfig
 
@@ -203,11 +204,12 @@ class MixtureOfExperts(nn.Module):
         cfg = self.cfg
         b, l, d = x_BxLxD.shape
         e, r, c = cfg.n_experts, cfg.experts_per_token, expert_capacity(cfg, l)
+        expert_axis = EXPERT if cfg.expert_parallel else "expert_whole"
         if cfg.router == "hash":
             expert_BxLxR = (token_hash(tokens_BxL) % e).astype(jnp.int32)[..., None]
             gate_BxLxR = jnp.ones((b, l, 1), jnp.float32)
         else:
-            router_DxE = self.param("router", declare(_unit_normal, Role.ROUTER, ("embed", EXPERT)), (d, e))
+            router_DxE = self.param("router", declare(_unit_normal, Role.ROUTER, ("embed", expert_axis)), (d, e))
             probs_BxLxE = jax.nn.softmax(jnp.dot(x_BxLxD.astype(jnp.float32), router_DxE), axis=-1)
             gate_BxLxR, expert_BxLxR = jax.lax.top_k(probs_BxLxE, r)
             if cfg.normalize_gates:
@@ -220,9 +222,15 @@ class MixtureOfExperts(nn.Module):
         combine_BxLxExC = jnp.einsum("blrec,blr->blec", dispatch_BxLxRxExC, gate_BxLxR)
 
         experts = nn.vmap(Mlp, variable_axes={"params": 0}, split_rngs={"params": True},
-                          metadata_params={nn.PARTITION_NAME: EXPERT})(cfg, name="experts")
+                          metadata_params={nn.PARTITION_NAME: expert_axis})(cfg, name="experts")
+        # Dispatched where their tokens are, run where their experts are: with expert parallelism the partitioner
+        # moves them between the two layouts with an all-to-all over fsdp, each way.
+        at_tokens = (None, "batch", None, "activation_embed")
+        at_experts = (expert_axis, "batch", None, "activation_embed")
         in_ExBxCxD = jnp.einsum("blec,bld->ebcd", dispatch_BxLxExC.astype(cfg.dtype), x_BxLxD)
-        out_BxLxD = jnp.einsum("blec,ebcd->bld", combine_BxLxExC.astype(cfg.dtype), experts(in_ExBxCxD))
+        in_ExBxCxD = sharding.constrain(sharding.constrain(in_ExBxCxD, at_tokens), at_experts)
+        out_ExBxCxD = sharding.constrain(sharding.constrain(experts(in_ExBxCxD), at_experts), at_tokens)
+        out_BxLxD = jnp.einsum("blec,ebcd->bld", combine_BxLxExC.astype(cfg.dtype), out_ExBxCxD)
 
         load_E = jnp.mean(routes_BxLRxE, axis=(0, 1), dtype=jnp.float32)
         stats = {"expert_load": load_E, "dropped": 1.0 - jnp.sum(dispatch_BxLxExC) / (b * l * r)}

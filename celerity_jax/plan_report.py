@@ -12,10 +12,13 @@ DECAY_CONVENTION_TEXT = {
 }
 
 
-def format_plan(plan: Plan) -> str:
-    """The plan as aligned `name  value` lines."""
+def format_plan(plan: Plan, active_params: int | None = None) -> str:
+    """The plan as aligned `name  value` lines; with `active_params` (a mixture of experts'
+    `params.count_active_params`), also the parameters one token uses, beside N (every expert), which TPP counts."""
     rows = [
         ("N (parameters)", f"{plan.n_params:,} ({plan.n_params:.3g})"),
+        *((("N active per token", f"{active_params:,} ({active_params:.3g}); TPP and D count N"),)
+          if active_params is not None else ()),
         ("TPP", f"{plan.tpp:g}"),
         ("D (tokens)", f"{plan.tokens:,} ({plan.tokens:.3g})"),
         ("T (steps)", f"{plan.steps:,}"),

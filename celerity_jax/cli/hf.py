@@ -35,13 +35,14 @@ def _need_safetensors(command: str) -> None:
 
 def export_command(args: argparse.Namespace) -> int:
     _need_safetensors("export-hf")
-    from celerity_jax.evaluate import loader
+    from celerity_jax.evaluate import loader, sampler
     from celerity_jax.hf import card, export, outdir
 
     outdir.check_empty(args.out, "--out")
     options.check_json(args.json)
     model = loader.load_model(args.workdir, args.step)
-    cfg = loader.run_model_config(model.identity, args.workdir)  # as trained: scanned layers, remat, ...
+    # as trained (scanned layers, remat, ...), and as sample and eval run it: a mixture of experts drops nothing
+    cfg = sampler.inference_config(loader.run_model_config(model.identity, args.workdir))
     summary = export.export(cfg, model.params, args.out, tokenizer=model.tokenizer, dtype=args.dtype,
                             run_lines=card.run_section(args.workdir, model.step, model.plan))
     summary = {"workdir": args.workdir, "step": model.step, **summary}

@@ -38,6 +38,7 @@ def add_commands(subparsers) -> None:
 def plan_command(args) -> int:
     from celerity_jax import gin_config, plan_report, recipe
     from celerity_jax.model import presets
+    from celerity_jax.model.params import count_active_params
 
     options.check_json(args.json)
     base = {"model": presets.preset(args.preset)} if args.preset else None
@@ -46,7 +47,8 @@ def plan_command(args) -> int:
     if args.ema_plot:
         print(f"wrote {plan_report.plot_ema_weights(plan, args.ema_plot)}", file=sys.stderr)
     if args.json is None:
-        print(plan_report.format_plan(plan))
+        active = count_active_params(configs.model) if configs.model.n_experts > 1 else None
+        print(plan_report.format_plan(plan, active))
     else:
         options.emit_json(args.json, plan.to_dict())
     return 0

@@ -6,7 +6,8 @@ Rows are right-padded: row b's prompt fills positions 0..len_b−1, and its k-th
 len_b + k − 1, writing its keys and values over the padding. A query sees only the slots up to its own position,
 so the padding is never attended to, and each row computes what it would alone, up to float rounding.
 Sampling: temperature 0 is greedy (argmax); otherwise softmax(logits / T) restricted to the smallest set of
-tokens whose probability reaches top_p (nucleus sampling).
+tokens whose probability reaches top_p (nucleus sampling). A mixture of experts runs without drops
+(`inference_config`).
 """
 
 import dataclasses
@@ -27,6 +28,14 @@ class Generation:
     token_ids: list[int]  # the new tokens, up to and including the one that stopped it
     text: str             # their text, cut before the first stop string
     stopped: str          # one of STOPPED_ON: a stop string, the tokenizer's end-of-text, the token budget, the context
+
+
+def inference_config(cfg: ModelConfig) -> ModelConfig:
+    """The model as sampling and scoring run it: a mixture of experts drops no route (capacity_factor None),
+    whatever capacity it trained with. A decode step feeds one token per row, which no capacity drops, and the
+    prefill and a scored batch are padded to a bucketed length that would set the capacity; without drops, the
+    prefill, every decode step and the scorer compute one function of each row's tokens."""
+    return dataclasses.replace(cfg, capacity_factor=None)
 
 
 def bucket_length(n: int, cap: int, minimum: int = 16) -> int:
@@ -61,14 +70,14 @@ def cached_step(cfg: ModelConfig, params, cache: transformer.KVCache, tokens_BxL
 
 
 class Decoder:
-    """Runs `cached_step` for a model on its mesh: batches padded to a multiple of the mesh's batch shards and
-    laid out over them."""
+    """Runs `cached_step` for a model (as `inference_config` runs it) on its mesh: batches padded to a multiple of
+    the mesh's batch shards and laid out over them."""
 
     def __init__(self, cfg: ModelConfig, params, mesh: jax.sharding.Mesh):
-        self.cfg, self.params, self.mesh = cfg, params, mesh
+        self.cfg, self.params, self.mesh = inference_config(cfg), params, mesh
         self.shards = sharding.data_shards(mesh)
         cache_sh = sharding.kv_cache_sharding(mesh)
-        self._empty_cache = jax.jit(functools.partial(transformer.init_cache, cfg), static_argnums=(0, 1),
+        self._empty_cache = jax.jit(functools.partial(transformer.init_cache, self.cfg), static_argnums=(0, 1),
                                     out_shardings=transformer.KVCache(cache_sh, cache_sh))
 
     def padded_rows(self, rows: int) -> int:

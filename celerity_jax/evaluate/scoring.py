@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from celerity_jax.evaluate.sampler import bucket_length
+from celerity_jax.evaluate.sampler import bucket_length, inference_config
 from celerity_jax.model import completep, loss, sharding, transformer
 from celerity_jax.model.config import ModelConfig
 
@@ -60,11 +60,12 @@ def target_logprobs(cfg: ModelConfig, params, inputs_BxL, targets_BxL):
 
 
 class Scorer:
-    """Scores requests with a model on its mesh, `batch_size` rows at a time (rounded up to a multiple of the
-    mesh's batch shards, over which the rows are split)."""
+    """Scores requests with a model (as `sampler.inference_config` runs it: a mixture of experts without drops) on
+    its mesh, `batch_size` rows at a time (rounded up to a multiple of the mesh's batch shards, over which the rows
+    are split)."""
 
     def __init__(self, cfg: ModelConfig, params, mesh: jax.sharding.Mesh, batch_size: int = 16):
-        self.cfg, self.params, self.mesh = cfg, params, mesh
+        self.cfg, self.params, self.mesh = inference_config(cfg), params, mesh
         shards = sharding.data_shards(mesh)
         self.batch_size = -(-batch_size // shards) * shards
         self.stats = BatchStats()

@@ -20,9 +20,9 @@ from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import step as step_lib
 from celerity_jax.train.progress import Progress
 
-# Console name -> metric, shown when finite.
+# Console name -> metric, shown when the run logs it and it is finite (moe/dropped: a mixture of experts only).
 CONSOLE_METRICS = {"loss": "train/loss_smooth", "eval": "eval/loss", "lr": "opt/lr",
-                   "residual": "collapse/residual", "tok/s": "perf/tokens_per_sec"}
+                   "residual": "collapse/residual", "dropped": "moe/dropped", "tok/s": "perf/tokens_per_sec"}
 
 # The collapse figure is drawn at the first log step at or past each 1/FIGURE_POINTS of t̂, and at the last step.
 FIGURE_TAG = "collapse/figure"

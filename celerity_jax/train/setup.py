@@ -24,6 +24,7 @@ from celerity_jax.data import pipeline as data_lib
 from celerity_jax.errors import ConfigError
 from celerity_jax.fileio import check_local_path
 from celerity_jax.model import sharding
+from celerity_jax.model.params import count_active_params
 from celerity_jax.rundir.checkpoint import Checkpointer, checkpoint_steps
 from celerity_jax.rundir.writers import CurveCSV, TensorBoardWriter
 from celerity_jax.train import downstream, init_from, interrupts, lock
@@ -166,9 +167,10 @@ def _prepare_workdir(run: RunDefinition, workdir: Workdir, data_it, force_new: b
 
 
 def _log_plan_and_data(run: RunDefinition, log) -> None:
-    plan = run.plan
-    log(f"plan: N={plan.n_params:,} params, D={plan.tokens:,} tokens ({plan.tpp:g} TPP), {plan.steps} steps of "
-        f"{plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "
+    plan, model_cfg = run.plan, run.configs.model
+    active = f" ({count_active_params(model_cfg):,} active per token)" if model_cfg.n_experts > 1 else ""
+    log(f"plan: N={plan.n_params:,} params{active}, D={plan.tokens:,} tokens ({plan.tpp:g} TPP), {plan.steps} "
+        f"steps of {plan.batch_seqs}x{plan.seq_len} tokens, tau={plan.tau:.4g}, weight decay={plan.weight_decay:.4g}, "
         f"hidden peak lr={plan.lr_hidden:.4g}")
     stats = data_lib.corpus_stats(run.configs.data)
     log("data: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in stats.items() if v != []))

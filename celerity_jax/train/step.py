@@ -44,34 +44,49 @@ def state_shardings(model_cfg: ModelConfig, abstract_state: TrainState, mesh,
                       bad_steps=rep, first_bad_step=rep)
 
 
+def loss_metrics(model_cfg: ModelConfig, terms: dict) -> dict[str, jax.Array]:
+    """The scalars of a loss's terms (`transformer.next_token_loss`) that a step logs: train/loss, the
+    cross-entropy; with n_experts > 1 also moe/dropped (the fraction of routes dropped, mean over layers),
+    moe/load_max (E × the largest share of routes an expert takes before drops, in the most unbalanced layer: 1
+    when balanced) and, for router "topk", moe/router_aux (the Switch load-balancing loss, mean over layers)."""
+    out = {"train/loss": terms["cross_entropy"]}
+    if model_cfg.n_experts > 1:
+        out["moe/dropped"] = terms["dropped"]
+        out["moe/load_max"] = model_cfg.n_experts * jnp.max(terms["expert_load"])
+        if model_cfg.router == "topk":
+            out["moe/router_aux"] = terms["router_aux"]
+    return out
+
+
 def make_loss(model_cfg: ModelConfig, z_loss: float, loss_unroll: int = 1):
-    """(params, batch) -> (the loss to differentiate, the cross-entropy)."""
+    """(params, batch) -> (the loss to differentiate, its `loss_metrics`)."""
     def loss_fn(params, batch):
-        total, aux = transformer.next_token_loss(model_cfg, params, batch["inputs"], batch["targets"], z_loss=z_loss,
-                                                 loss_unroll=loss_unroll)
-        return total, aux["cross_entropy"]
+        total, terms = transformer.next_token_loss(model_cfg, params, batch["inputs"], batch["targets"],
+                                                   z_loss=z_loss, loss_unroll=loss_unroll)
+        return total, loss_metrics(model_cfg, terms)
     return loss_fn
 
 
 def _grads(loss_fn, params, batch, microbatches: int):
-    """Mean gradient and cross-entropy over `microbatches` equal slices of the batch."""
+    """Mean gradient and mean loss metrics over `microbatches` equal slices of the batch."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if microbatches == 1:
-        (_, ce), grads = grad_fn(params, batch)
-        return grads, ce
+        (_, losses), grads = grad_fn(params, batch)
+        return grads, losses
 
     def split(x_BxL):
         b = x_BxL.shape[0]  # rows i, i+M, i+2M, ... form microbatch i, so each keeps its batch sharding
         return x_BxL.reshape(b // microbatches, microbatches, *x_BxL.shape[1:]).swapaxes(0, 1)
 
     def body(carry, micro):
-        grads_acc, ce_acc = carry
-        (_, ce), grads = grad_fn(params, micro)
-        return (jax.tree.map(jnp.add, grads_acc, grads), ce_acc + ce), None
+        (_, losses), grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, carry, (grads, losses)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (grads, ce), _ = jax.lax.scan(body, (zeros, jnp.zeros([], jnp.float32)), jax.tree.map(split, batch))
-    return jax.tree.map(lambda g: g / microbatches, grads), ce / microbatches
+    micro_batches = jax.tree.map(split, batch)
+    losses_shape = jax.eval_shape(loss_fn, params, jax.tree.map(lambda x: x[0], micro_batches))[1]
+    zeros = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), losses_shape))
+    (grads, losses), _ = jax.lax.scan(body, zeros, micro_batches)
+    return jax.tree.map(lambda x: x / microbatches, (grads, losses))
 
 
 def _role_ratios(roles, updates, params) -> dict[str, jax.Array]:
@@ -124,7 +139,7 @@ def apply_gradients(plan, optimizer: optax.GradientTransformation, roles, state:
 
 
 def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float, loss_unroll: int = 1) -> Callable:
-    """(params, batch) -> (mean gradient, mean cross-entropy) over `microbatches` slices of the batch.
+    """(params, batch) -> (mean gradient, mean `loss_metrics`) over `microbatches` slices of the batch.
     loss_unroll: loss chunks per iteration of the loop over them (`transformer.next_token_loss`), for XLA's cost
     analysis."""
     loss_fn = make_loss(model_cfg, z_loss, loss_unroll)
@@ -134,13 +149,16 @@ def make_gradients(model_cfg: ModelConfig, *, microbatches: int, z_loss: float, 
 def make_train_step(model_cfg: ModelConfig, plan, optimizer: optax.GradientTransformation, *,
                     microbatches: int, z_loss: float, state_shardings=None, batch_sharding=None,
                     monitor_train_loss: bool = True) -> Callable:
-    """(state, batch) -> (state, metrics). A non-finite loss leaves params and optimizer untouched."""
+    """(state, batch) -> (state, metrics: `apply_gradients`'s and the batch's `loss_metrics`). A non-finite loss
+    leaves params and optimizer untouched."""
     gradients = make_gradients(model_cfg, microbatches=microbatches, z_loss=z_loss)
     roles = completep.multipliers(model_cfg, transformer.declarations(model_cfg)).role
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
-        grads, ce = gradients(state.params, batch)
-        return apply_gradients(plan, optimizer, roles, state, grads, ce, monitor_train_loss)
+        grads, losses = gradients(state.params, batch)
+        state, metrics = apply_gradients(plan, optimizer, roles, state, grads, losses["train/loss"],
+                                         monitor_train_loss)
+        return state, {**metrics, **losses}
 
     return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None))
@@ -226,7 +244,7 @@ def monitor_eval_loss(state: TrainState, eval_loss: float, frac: float) -> Train
 
 
 def make_eval_step(model_cfg: ModelConfig, batch_sharding=None, param_shardings=None) -> Callable:
-    """(params, batch) -> mean cross-entropy."""
+    """(params, batch) -> mean cross-entropy (a mixture's router terms left out, as from train/loss)."""
     loss_fn = make_loss(model_cfg, 0.0)
-    return jax.jit(lambda params, batch: loss_fn(params, batch)[1],
+    return jax.jit(lambda params, batch: loss_fn(params, batch)[1]["train/loss"],
                    in_shardings=(param_shardings, batch_sharding))

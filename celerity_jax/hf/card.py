@@ -43,6 +43,23 @@ def run_section(workdir: str, step: int, plan: dict) -> list[str]:
     return lines
 
 
+def _mixture_lines(cfg: ModelConfig) -> list[str]:
+    """What a mixture of experts' routing means for the class's forward and for decoding with a KV cache."""
+    if cfg.n_experts == 1:
+        return []
+    routing = (f"each token goes to expert hash(token id) mod {cfg.n_experts}" if cfg.router == "hash" else
+               f"each token goes to the router's {cfg.experts_per_token} most probable of {cfg.n_experts} experts, "
+               "gated by their probabilities" + (" divided by their sum" if cfg.normalize_gates else ""))
+    lines = [f"The MLPs are a mixture of experts: {routing}."]
+    if layouts.can_drop(cfg):
+        lines.append(f"An expert takes at most capacity_factor = {cfg.capacity_factor} × its even share of the routes "
+                     "of one call's sequence, in order of position; the rest are dropped. Decoding with the KV cache "
+                     "dispatches each new token alone (never dropped), so its logits can differ from those of a "
+                     "forward pass over the whole text; `from_pretrained(DIR, trust_remote_code=True, "
+                     "capacity_factor=None)` drops nothing.")
+    return [" ".join(lines), ""]
+
+
 def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, run_lines: list[str],
                lost_values: int) -> str:
     """The README.md of the folder; `lost_values`: how many values the fold maps onto another's (fold.lost_bits)."""
@@ -75,6 +92,7 @@ def model_card(cfg: ModelConfig, arch: str, *, dtype: str, tokenizer_note: str, 
                                               "both α_input and α_output/m_d, so `lm_head` is its folded copy. "
                                               "`celerity import-hf` ties it again."
                                               if cfg.tie_embeddings else ".") + " " + tokenizer_note + ".", "",
+        *_mixture_lines(cfg),
         "`config.json` carries the run's ModelConfig (`celerity_model`): `celerity import-hf` unfolds the weights "
         "with it. A fold by a factor that is not a power of two can map two float32 values to one; "
         + (f"`{fold.LOST_BITS}` holds the bit that tells them apart for the {lost_values:,} values where that "

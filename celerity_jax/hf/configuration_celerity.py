@@ -24,3 +24,9 @@ class CelerityConfig(PretrainedConfig):
     rope_theta: float = 10000.0
     use_bias: bool = False
     tie_word_embeddings: bool = False
+    # A mixture of experts (celerity_jax's ModelConfig fields of these names); n_experts 1: the dense MLP.
+    n_experts: int = 1
+    router: str = "topk"  # "hash" or "topk"
+    experts_per_token: int = 1
+    capacity_factor: float | None = None  # None: no route is dropped
+    normalize_gates: bool = False

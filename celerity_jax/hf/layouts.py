@@ -4,12 +4,16 @@
   without bias; biases on every projection or none: attention_bias = mlp_bias = use_bias).
 - RoPE + LayerNorm + an ungated MLP → `GPTNeoXForCausalLM` with rotary on the whole head, sequential residuals,
   the fused head-major q|k|v projection; its LayerNorms and MLP always have biases, zero without use_bias.
-- everything else (ALiBi, learned positions, the other combinations) → `CelerityForCausalLM`, shipped beside the
-  weights (`modeling_celerity.py`, trust_remote_code=True).
+- a mixture of experts that is Llama's shape without biases, its router top-k with normalized gates and no route
+  ever dropped (every expert's capacity the whole sequence) → `MixtralForCausalLM`, its experts saved one tensor
+  each (w1 gate, w3 up, w2 down), as transformers saves a Mixtral.
+- everything else (ALiBi, learned positions, the other combinations, every other mixture of experts) →
+  `CelerityForCausalLM`, shipped beside the weights (`modeling_celerity.py`, trust_remote_code=True).
   GPT-NeoX has no grouped-query attention: a model with fewer key/value heads than heads goes to Celerity's class.
-All three scale scores by 1/sqrt(head_dim) and hold an untied lm_head: the multipliers are folded first (fold.py).
+All four scale scores by 1/sqrt(head_dim) and hold an untied lm_head: the multipliers are folded first (fold.py).
 Flax Dense kernels are [in, out], torch Linear weights [out, in]; our unembed is [D, V], lm_head.weight [V, D]: every
-declared matrix but the embeddings is transposed.
+declared matrix but the embeddings is transposed. Our experts' weights are stacked [E, in, out]; HF holds expert j's
+[out, in] as a tensor of its own.
 """
 
 import dataclasses
@@ -24,25 +28,26 @@ from celerity_jax.model import transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
 
-CLASSES = {"llama": "LlamaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "celerity": "CelerityForCausalLM"}
+CLASSES = {"llama": "LlamaForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "mixtral": "MixtralForCausalLM",
+           "celerity": "CelerityForCausalLM"}
 # transformers' activation names (ACT2FN) of our ungated MLPs.
 HF_ACTIVATIONS = {"squared_relu": "relu2", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 # What each architecture field may hold for the export to be exact; an option added to ModelConfig later is refused
 # until the export learns it.
 EXPORTABLE = {"norm": ("layernorm", "rmsnorm"), "mlp": ("squared_relu", "swiglu", "gelu", "gelu_tanh"),
-              "positions": ("alibi", "rope", "learned")}
-# ModelConfig fields that change no computed value of float32 inference (how it runs, not what).
+              "positions": ("alibi", "rope", "learned"), "router": ("hash", "topk")}
+# ModelConfig fields that change no computed value of float32 inference (how it runs or trains, not what it computes).
 EXECUTION_FIELDS = ("compute_dtype", "residual_dtype", "attention_impl", "dense_backward", "logits_chunk_len",
-                    "scan_layers", "remat")
+                    "scan_layers", "remat", "router_aux_coef", "expert_parallel")
 # Fields the export reads (into the multipliers, the config.json or the shapes).
 ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
                        "norm_eps", "mlp", "mlp_ratio", "positions", "rope_theta", "tie_embeddings", "use_bias",
                        "parametrization", "depth_alpha", "d_base", "n_layers_base", "sigma_base", "alpha_input",
-                       "alpha_output")
+                       "alpha_output", "n_experts", "router", "experts_per_token", "capacity_factor", "normalize_gates")
 
 
 def architecture(cfg: ModelConfig) -> str:
-    """"llama", "gpt_neox" or "celerity"; ConfigError for a model the export cannot reproduce exactly."""
+    """"llama", "gpt_neox", "mixtral" or "celerity"; ConfigError for a model the export cannot reproduce exactly."""
     for name, allowed in EXPORTABLE.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"ModelConfig.{name}={getattr(cfg, name)!r} has no exact Hugging Face export (it knows "
@@ -52,11 +57,25 @@ def architecture(cfg: ModelConfig) -> str:
     if unknown:
         raise ConfigError(f"ModelConfig.{unknown[0]}={getattr(cfg, unknown[0])!r} is not known to the Hugging Face "
                           "export, which would drop it; export a model that leaves it at its default")
-    if cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu":
+    llama_shaped = cfg.positions == "rope" and cfg.norm == "rmsnorm" and cfg.mlp == "swiglu"
+    if cfg.n_experts > 1:
+        return "mixtral" if llama_shaped and not cfg.use_bias and _routes_as_mixtral(cfg) else "celerity"
+    if llama_shaped:
         return "llama"
     if cfg.positions == "rope" and cfg.norm == "layernorm" and cfg.mlp != "swiglu" and cfg.kv_heads == cfg.n_heads:
         return "gpt_neox"
     return "celerity"
+
+
+def can_drop(cfg: ModelConfig) -> bool:
+    """Whether a mixture of experts drops routes of some sequence: whether its expert capacity falls short of the
+    sequence's length, which it does first at the longest."""
+    return transformer.expert_capacity(cfg, cfg.max_seq_len) < cfg.max_seq_len
+
+
+def _routes_as_mixtral(cfg: ModelConfig) -> bool:
+    """Whether the mixture routes as Mixtral's: softmax top-k gates divided by their sum, no route ever dropped."""
+    return cfg.router == "topk" and cfg.normalize_gates and not can_drop(cfg)
 
 
 def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
@@ -67,32 +86,43 @@ def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
               "tie_word_embeddings": False, "bos_token_id": eos_id, "eos_token_id": eos_id, "dtype": dtype,
               "use_cache": True}
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    llama_shaped = {"num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+                    "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_parameters": rope,
+                    "attention_dropout": 0.0}
     if arch == "llama":
-        return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
-                "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "rope_parameters": rope,
-                "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias, "attention_dropout": 0.0,
+        return {**common, **llama_shaped, "attention_bias": cfg.use_bias, "mlp_bias": cfg.use_bias,
                 "pretraining_tp": 1}
+    if arch == "mixtral":
+        return {**common, **llama_shaped, "num_local_experts": cfg.n_experts,
+                "num_experts_per_tok": cfg.experts_per_token, "sliding_window": None, "router_jitter_noise": 0.0}
     if arch == "gpt_neox":
         return {**common, "hidden_act": HF_ACTIVATIONS[cfg.mlp], "layer_norm_eps": cfg.norm_eps,
                 "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": cfg.rope_theta,
                 "rope_parameters": {**rope, "partial_rotary_factor": 1.0}, "attention_bias": cfg.use_bias,
                 "attention_dropout": 0.0, "hidden_dropout": 0.0}
-    return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "norm": cfg.norm, "norm_eps": cfg.norm_eps, "mlp": cfg.mlp,
-            "positions": cfg.positions, "rope_theta": cfg.rope_theta, "use_bias": cfg.use_bias,
+    # a dense model's config.json holds no mixture keys, as it did before the class knew mixtures
+    experts = {} if cfg.n_experts == 1 else {
+        "n_experts": cfg.n_experts, "router": cfg.router, "experts_per_token": cfg.experts_per_token,
+        "capacity_factor": cfg.capacity_factor, "normalize_gates": cfg.normalize_gates}
+    return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "norm": cfg.norm,
+            "norm_eps": cfg.norm_eps, "mlp": cfg.mlp, "positions": cfg.positions, "rope_theta": cfg.rope_theta,
+            "use_bias": cfg.use_bias, **experts,
             "auto_map": {"AutoConfig": "configuration_celerity.CelerityConfig",
                          "AutoModelForCausalLM": "modeling_celerity.CelerityForCausalLM"}}
 
 
 class Tensor(NamedTuple):
     """One HF tensor: our flat path, its HF name, and its width when the HF class holds it whatever the model does
-    (GPT-NeoX's LayerNorm and MLP biases: zeros without use_bias), else None."""
+    (GPT-NeoX's LayerNorm and MLP biases: zeros without use_bias), else None; `expert` j where it is expert j's part
+    of our stacked leaf."""
     ours: str
     name: str
     always_width: int | None = None
+    expert: int | None = None
 
 
 def _names(cfg: ModelConfig, arch: str) -> list[Tensor]:
-    """Every tensor but GPT-NeoX's fused q|k|v, whether or not the model holds it (biases)."""
+    """Every tensor but GPT-NeoX's fused q|k|v, whether or not the model holds it (biases, a top-k router)."""
     if arch == "gpt_neox":
         top, layer = "gpt_neox.", "gpt_neox.layers.{i}."
         embed, final = "embed_in", "final_layer_norm"
@@ -103,11 +133,12 @@ def _names(cfg: ModelConfig, arch: str) -> list[Tensor]:
     else:
         top, layer = "model.", "model.layers.{i}."
         embed, final = "embed_tokens", "norm"
-        llama = arch == "llama"
-        parts = {"attn_norm": "input_layernorm" if llama else "attn_norm",
-                 "mlp_norm": "post_attention_layernorm" if llama else "mlp_norm",
-                 **{f"attn/{p}": f"{'self_attn' if llama else 'attn'}.{p}_proj" for p in "qkvo"},
-                 **{f"mlp/{p}": f"mlp.{p}_proj" for p in ("up", "gate", "down")}}
+        stock = arch in ("llama", "mixtral")
+        parts = {"attn_norm": "input_layernorm" if stock else "attn_norm",
+                 "mlp_norm": "post_attention_layernorm" if stock else "mlp_norm",
+                 **{f"attn/{p}": f"{'self_attn' if stock else 'attn'}.{p}_proj" for p in "qkvo"}}
+        if cfg.n_experts == 1:
+            parts.update({f"mlp/{p}": f"mlp.{p}_proj" for p in ("up", "gate", "down")})
         always = {}
     names = [Tensor("embed", f"{top}{embed}.weight"), Tensor("unembed", "lm_head.weight"),
              Tensor("final_norm/scale", f"{top}{final}.weight"),
@@ -119,12 +150,32 @@ def _names(cfg: ModelConfig, arch: str) -> list[Tensor]:
             weight = "scale" if ours.endswith("_norm") else "kernel"
             names.append(Tensor(f"block_{i}/{ours}/{weight}", f"{layer.format(i=i)}{theirs}.weight"))
             names.append(Tensor(f"block_{i}/{ours}/bias", f"{layer.format(i=i)}{theirs}.bias", always.get(theirs)))
+        if cfg.n_experts > 1:
+            names += _expert_names(cfg, arch, f"block_{i}/mlp", layer.format(i=i))
     return names
 
 
-def _transposed(cfg: ModelConfig, path: str) -> bool:
-    """Whether the HF tensor is our leaf transposed: every declared matrix but the embeddings."""
-    declared = fold.declarations(cfg).get(path)
+def _expert_names(cfg: ModelConfig, arch: str, ours: str, layer: str) -> list[Tensor]:
+    """A mixture's router and each expert's projections: Mixtral's (w1 gate, w3 up, w2 down; no biases) or ours."""
+    if arch == "mixtral":
+        moe, projections = f"{layer}block_sparse_moe.", {"gate": "w1", "up": "w3", "down": "w2"}
+        names = [Tensor(f"{ours}/router", f"{moe}gate.weight")]
+    else:
+        moe, projections = f"{layer}mlp.", {p: f"{p}_proj" for p in ("up", "gate", "down")}
+        names = [Tensor(f"{ours}/router", f"{moe}router.weight")]
+    for j in range(cfg.n_experts):
+        for p, theirs in projections.items():
+            names += [Tensor(f"{ours}/experts/{p}/{leaf}", f"{moe}experts.{j}.{theirs}.{weight}", expert=j)
+                      for leaf, weight in (("kernel", "weight"), ("bias", "bias"))]
+    return names
+
+
+def _transposed(cfg: ModelConfig, tensor: Tensor) -> bool:
+    """Whether the HF tensor is our leaf (expert j's part of it) transposed: every declared matrix but the
+    embeddings."""
+    declared = fold.declarations(cfg).get(tensor.ours)
+    if declared is not None and tensor.expert is not None:  # one expert's part: declared as the stack, less its axis
+        declared = dataclasses.replace(declared, axes=declared.axes[1:])
     return declared is not None and declared.is_matrix and declared.role is not Role.EMBEDDING
 
 
@@ -133,8 +184,8 @@ def to_hf(cfg: ModelConfig, arch: str, folded: dict[str, np.ndarray]) -> dict[st
     out = {}
     for tensor in _names(cfg, arch):
         if tensor.ours in folded:
-            x = folded[tensor.ours]
-            out[tensor.name] = np.ascontiguousarray(x.T if _transposed(cfg, tensor.ours) else x)
+            x = folded[tensor.ours] if tensor.expert is None else folded[tensor.ours][tensor.expert]
+            out[tensor.name] = np.ascontiguousarray(x.T if _transposed(cfg, tensor) else x)
         elif tensor.always_width:
             out[tensor.name] = np.zeros(tensor.always_width, np.float32)
     if arch == "gpt_neox":
@@ -159,8 +210,8 @@ def expected_shapes(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for tensor in _names(cfg, arch):
         if tensor.ours in ours:
-            shape = ours[tensor.ours]
-            shapes[tensor.name] = shape[::-1] if _transposed(cfg, tensor.ours) else shape
+            shape = ours[tensor.ours] if tensor.expert is None else ours[tensor.ours][1:]
+            shapes[tensor.name] = shape[::-1] if _transposed(cfg, tensor) else shape
         elif tensor.always_width:
             shapes[tensor.name] = (tensor.always_width,)
     if arch == "gpt_neox":
@@ -175,7 +226,7 @@ def expected_shapes(cfg: ModelConfig, arch: str) -> dict[str, tuple[int, ...]]:
 def from_hf(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Folded flat leaves from HF tensors already checked against `expected_shapes`. GPT-NeoX's bias tensors that
     `cfg` has no place for must be zero; a tied model's lm_head may be absent."""
-    folded = {}
+    folded, experts = {}, {}
     for tensor in _names(cfg, arch):
         if tensor.name not in tensors:
             continue
@@ -186,7 +237,12 @@ def from_hf(cfg: ModelConfig, arch: str, tensors: dict[str, np.ndarray]) -> dict
                                   "(attention_bias false); a model with biases on some projections only has no "
                                   "ModelConfig")
             continue
-        folded[tensor.ours] = x.T if _transposed(cfg, tensor.ours) else x
+        x = x.T if _transposed(cfg, tensor) else x
+        if tensor.expert is None:
+            folded[tensor.ours] = x
+        else:
+            experts.setdefault(tensor.ours, []).append(x)  # _names lists the experts in order
+    folded.update({path: np.stack(per_expert) for path, per_expert in experts.items()})
     if arch == "gpt_neox":
         h, k, d = cfg.n_heads, cfg.head_dim, cfg.d_model
         for i in range(cfg.n_layers):

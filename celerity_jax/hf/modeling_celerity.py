@@ -3,13 +3,19 @@
 A pre-norm decoder: x ← x + Attn(Norm x); x ← x + MLP(Norm x); logits = Norm(x) · lm_headᵀ. Every CompleteP
 multiplier is folded into the weights by the export, so nothing here scales by anything but the attention's
 1/sqrt(head_dim). Covers every architecture celerity_jax's ModelConfig expresses: ALiBi, RoPE (the two halves
-rotated) or learned positions; LayerNorm or RMSNorm; squared-ReLU, SwiGLU, GELU or tanh-GELU MLPs; with or
-without biases. Norms, scores and softmax run in float32, as in celerity_jax.
+rotated) or learned positions; LayerNorm or RMSNorm; squared-ReLU, SwiGLU, GELU or tanh-GELU MLPs, or a mixture
+of such MLPs (hash or top-k router, with a capacity that drops routes); with or without biases. Norms, scores,
+softmax and the router run in float32, as in celerity_jax.
 
 Shapes: B batch, L new tokens, S cached + new tokens, D hidden, H heads, G key/value heads, K head_dim, F MLP width,
-V vocab.
+V vocab; in a mixture E experts, R experts per token (routes).
 Keys and values go into transformers' Cache (`past_key_values`), so `generate()` decodes with a KV cache; ALiBi
 biases and the causal mask are taken over cache slots, and a 2D attention_mask (padding) removes slots.
+A mixture dispatches the tokens of each call: a prefill takes the prompt as one sequence, each decoded token is a
+sequence of one (never dropped), as celerity_jax's cached decoding does. Where routes can be dropped, a decoded
+token's logits can differ from those of a forward pass over the whole text, whose capacity is that of its length;
+the config's capacity_factor None (from_pretrained(..., capacity_factor=None)) drops nothing. Padding takes routes
+as any token does.
 """
 
 import math
@@ -108,15 +114,65 @@ class Mlp(nn.Module):
         return self.down_proj(h_BxLxF)
 
 
+def token_hash(input_ids_BxL):
+    """celerity_jax's hash of token ids: the upper 16 bits of id · 2654435761 mod 2^32."""
+    return ((input_ids_BxL.long() * 2654435761) & 0xFFFFFFFF) >> 16
+
+
+def expert_capacity(config: CelerityConfig, seq_len: int) -> int:
+    """The most routes an expert takes from one sequence (celerity_jax.model.transformer.expert_capacity)."""
+    if config.capacity_factor is None:
+        return seq_len
+    share = config.capacity_factor * seq_len * config.experts_per_token / config.n_experts
+    return min(seq_len, max(1, math.ceil(share)))
+
+
+class MixtureOfExperts(nn.Module):
+    """Each token's R routes: router "hash" sends it to expert hash(id) mod E with gate 1, "topk" to the router's R
+    most probable experts, gated by their probabilities (divided by their sum with normalize_gates). An expert takes
+    at most `expert_capacity` routes of a sequence, in order of position and then rank; the rest are dropped (add
+    nothing)."""
+
+    def __init__(self, config: CelerityConfig):
+        super().__init__()
+        self.config = config
+        self.router = nn.Linear(config.hidden_size, config.n_experts, bias=False) if config.router == "topk" else None
+        self.experts = nn.ModuleList(Mlp(config) for _ in range(config.n_experts))
+
+    def forward(self, x_BxLxD, input_ids_BxL):
+        b, l, _ = x_BxLxD.shape
+        e, r = self.config.n_experts, self.config.experts_per_token
+        if self.router is None:
+            expert_BxLxR = (token_hash(input_ids_BxL) % e)[..., None]
+            gate_BxLxR = torch.ones(b, l, 1, device=x_BxLxD.device)
+        else:
+            probs_BxLxE = torch.softmax(x_BxLxD.float() @ self.router.weight.float().T, dim=-1)
+            gate_BxLxR, expert_BxLxR = torch.topk(probs_BxLxE, r, dim=-1)
+            if self.config.normalize_gates:
+                gate_BxLxR = gate_BxLxR / gate_BxLxR.sum(-1, keepdim=True)
+        routes_BxLRxE = nn.functional.one_hot(expert_BxLxR.reshape(b, l * r), e)
+        slot_BxLR = ((routes_BxLRxE.cumsum(1) - 1) * routes_BxLRxE).sum(-1)  # each route's place in its expert's queue
+        kept_BxLxR = (slot_BxLR < expert_capacity(self.config, l)).view(b, l, r)
+        out_BxLxD = torch.zeros_like(x_BxLxD)
+        for i, expert in enumerate(self.experts):
+            row, pos, rank = torch.nonzero((expert_BxLxR == i) & kept_BxLxR, as_tuple=True)
+            if len(row):  # a token takes an expert once at most, so (row, pos) repeats no place
+                out_BxLxD[row, pos] += expert(x_BxLxD[row, pos]) * gate_BxLxR[row, pos, rank, None].to(x_BxLxD.dtype)
+        return out_BxLxD
+
+
 class Block(nn.Module):
     def __init__(self, config: CelerityConfig, layer_idx: int):
         super().__init__()
         self.attn_norm, self.attn = Norm(config), Attention(config, layer_idx)
-        self.mlp_norm, self.mlp = Norm(config), Mlp(config)
+        self.mlp_norm = Norm(config)
+        self.mlp = MixtureOfExperts(config) if config.n_experts > 1 else Mlp(config)
 
-    def forward(self, x_BxLxD, bias_BxHxLxS, rope, past_key_values):
+    def forward(self, x_BxLxD, input_ids_BxL, bias_BxHxLxS, rope, past_key_values):
         x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD), bias_BxHxLxS, rope, past_key_values)
-        return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+        h_BxLxD = self.mlp_norm(x_BxLxD)
+        mixture = isinstance(self.mlp, MixtureOfExperts)
+        return x_BxLxD + (self.mlp(h_BxLxD, input_ids_BxL) if mixture else self.mlp(h_BxLxD))
 
 
 class CelerityPreTrainedModel(PreTrainedModel):
@@ -163,7 +219,7 @@ class CelerityModel(CelerityPreTrainedModel):
             rope = (angle_BxLxK2.cos()[:, None], angle_BxLxK2.sin()[:, None])
         bias_BxHxLxS = self._score_bias(b, l, past, attention_mask, input_ids.device)
         for block in self.layers:
-            x_BxLxD = block(x_BxLxD, bias_BxHxLxS, rope, past_key_values)
+            x_BxLxD = block(x_BxLxD, input_ids, bias_BxHxLxS, rope, past_key_values)
         return self.norm(x_BxLxD)
 
     def _score_bias(self, b: int, l: int, past: int, attention_mask, device):

@@ -160,6 +160,10 @@ def adam_b2_for_half_life(half_life_frac: float, steps: int) -> float:
 def make_plan(model_cfg: ModelConfig, recipe_cfg: RecipeConfig) -> Plan:
     """Derives N, D, T, B, warmup, per-role peak LRs, λ, each role's τ and FLOPs; ConfigError on a bad plan."""
     r = recipe_cfg
+    group = model_cfg.expert_group_len
+    if model_cfg.n_experts > 1 and group is not None and r.seq_len % group:
+        raise ConfigError(f"RecipeConfig.seq_len = {r.seq_len} is not a multiple of ModelConfig.expert_group_len = "
+                          f"{group}; choose a group length that divides seq_len")
     if r.seq_len > model_cfg.max_seq_len:
         raise ConfigError(f"RecipeConfig.seq_len = {r.seq_len} exceeds ModelConfig.max_seq_len = "
                           f"{model_cfg.max_seq_len}; lower seq_len or raise max_seq_len")

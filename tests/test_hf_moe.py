@@ -29,7 +29,8 @@ CASES = {  # (class, the case's fields); capacity 1 or 0.5 drops routes of these
     "mixtral_grouped_query": ("mixtral", dict(**MIXTRAL, n_kv_heads=1)),
     "celerity_hash_learned_gelu_bias": ("celerity", dict(router="hash", positions="learned", mlp="gelu",
                                                          use_bias=True, capacity_factor=1.0)),
-    "celerity_topk_drops": ("celerity", dict(**LLAMA, experts_per_token=2, capacity_factor=1.0)),
+    "celerity_topk_grouped_drops": ("celerity", dict(**LLAMA, experts_per_token=2, capacity_factor=1.0,
+                                                     expert_group_len=4)),
     "celerity_topk_normalized_drops": ("celerity", {**MIXTRAL, "capacity_factor": 0.5}),
 }
 
@@ -129,7 +130,7 @@ def test_cached_decoding_dispatches_each_call_as_ours_does(exported):
     assert np.abs(np.asarray(full[:, 7:]) - np.asarray(ours)).max() > 1e-2
 
 
-@pytest.mark.parametrize("exported", ["celerity_topk_drops"], indirect=True)
+@pytest.mark.parametrize("exported", ["celerity_topk_grouped_drops"], indirect=True)
 def test_loaded_with_capacity_factor_none_the_class_drops_nothing(exported):
     _, cfg, params, out, _, _ = exported
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32,

@@ -175,7 +175,7 @@ def test_n_counts_every_expert_and_flops_count_the_active_ones(router, mlp, scan
     ({"experts_per_token": 2}, "experts_per_token"), ({"n_experts": 4, "router": "hash", "experts_per_token": 2},
                                                       "experts_per_token"),
     ({"router": "random"}, "router"), ({"capacity_factor": 0.0}, "capacity_factor"),
-    ({"capacity_factor": -1.0}, "capacity_factor"),
+    ({"capacity_factor": -1.0}, "capacity_factor"), ({"expert_group_len": 0}, "expert_group_len"),
     ({"router_aux_coef": -0.1}, "router_aux_coef")])
 def test_bad_mixture_settings_are_refused_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=f"ModelConfig.{field}="):
@@ -195,3 +195,26 @@ def test_a_tiny_mixture_trains_through_the_train_step(tiny_configs):
         state, metrics = build.train_step(state, batch)
         losses.append(float(metrics["train/loss"]))
     assert losses[-1] < losses[0] - 0.1, losses
+
+
+def test_groups_of_positions_are_dispatched_each_with_its_own_capacity():
+    cfg = _cfg(n_experts=2, use_bias=True, capacity_factor=0.5, expert_group_len=4)  # C = 1 per group of 4
+    assert transformer.expert_group_len(cfg, 8) == 4 and transformer.expert_capacity(cfg, 4) == 1
+    router_DxE = np.zeros((cfg.d_model, 2))
+    router_DxE[0, 0] = math.log(3.0)  # every token prefers expert 0
+    x = jnp.zeros((2, 8, cfg.d_model)).at[..., 0].set(1.0)
+    out, stats = _moe(cfg, _numbered_experts(cfg, router_DxE), x, jnp.zeros((2, 8), jnp.int32))
+    kept = np.zeros(8)
+    kept[[0, 4]] = 0.75  # the first position of each group
+    np.testing.assert_allclose(out[..., 0], np.broadcast_to(kept, (2, 8)))
+    assert stats["dropped"] == pytest.approx(0.75)
+    whole = dataclasses.replace(cfg, expert_group_len=3)  # 3 does not divide 8: the whole sequence, C = 2
+    assert transformer.expert_group_len(whole, 8) == 8
+    np.testing.assert_allclose(_moe(whole, _numbered_experts(cfg, router_DxE), x, jnp.zeros((2, 8), jnp.int32))[0]
+                               [..., 0], np.broadcast_to([0.75, 0.75, 0, 0, 0, 0, 0, 0], (2, 8)))
+
+
+def test_a_training_sequence_must_be_a_whole_number_of_groups(tiny_configs):
+    configs = tiny_configs("ModelConfig.n_experts = 4", "ModelConfig.expert_group_len = 6", "RecipeConfig.seq_len = 16")
+    with pytest.raises(ConfigError, match="RecipeConfig.seq_len = 16 is not a multiple of ModelConfig.expert_group_len"):
+        recipe.make_plan(configs.model, configs.recipe)

@@ -35,7 +35,7 @@ def inference_config(cfg: ModelConfig) -> ModelConfig:
     whatever capacity it trained with. A decode step feeds one token per row, which no capacity drops, and the
     prefill and a scored batch are padded to a bucketed length that would set the capacity; without drops, the
     prefill, every decode step and the scorer compute one function of each row's tokens."""
-    return dataclasses.replace(cfg, capacity_factor=None)
+    return cfg if cfg.n_experts == 1 else dataclasses.replace(cfg, capacity_factor=None)
 
 
 def bucket_length(n: int, cap: int, minimum: int = 16) -> int:

@@ -29,4 +29,5 @@ class CelerityConfig(PretrainedConfig):
     router: str = "topk"  # "hash" or "topk"
     experts_per_token: int = 1
     capacity_factor: float | None = None  # None: no route is dropped
+    expert_group_len: int | None = None  # positions dispatched together; None: the whole sequence
     normalize_gates: bool = False

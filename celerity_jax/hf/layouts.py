@@ -43,7 +43,8 @@ EXECUTION_FIELDS = ("compute_dtype", "residual_dtype", "attention_impl", "dense_
 ARCHITECTURE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "max_seq_len", "norm",
                        "norm_eps", "mlp", "mlp_ratio", "positions", "rope_theta", "tie_embeddings", "use_bias",
                        "parametrization", "depth_alpha", "d_base", "n_layers_base", "sigma_base", "alpha_input",
-                       "alpha_output", "n_experts", "router", "experts_per_token", "capacity_factor", "normalize_gates")
+                       "alpha_output", "n_experts", "router", "experts_per_token", "capacity_factor", "expert_group_len",
+                       "normalize_gates")
 
 
 def architecture(cfg: ModelConfig) -> str:
@@ -68,9 +69,10 @@ def architecture(cfg: ModelConfig) -> str:
 
 
 def can_drop(cfg: ModelConfig) -> bool:
-    """Whether a mixture of experts drops routes of some sequence: whether its expert capacity falls short of the
-    sequence's length, which it does first at the longest."""
-    return transformer.expert_capacity(cfg, cfg.max_seq_len) < cfg.max_seq_len
+    """Whether a mixture of experts drops routes of some sequence: whether, at some length up to max_seq_len, its
+    expert capacity falls short of the positions dispatched together."""
+    groups = {transformer.expert_group_len(cfg, n) for n in range(1, cfg.max_seq_len + 1)}
+    return any(transformer.expert_capacity(cfg, g) < g for g in groups)
 
 
 def _routes_as_mixtral(cfg: ModelConfig) -> bool:
@@ -103,7 +105,8 @@ def hf_config(cfg: ModelConfig, arch: str, *, dtype: str, eos_id: int) -> dict:
     # a dense model's config.json holds no mixture keys, as it did before the class knew mixtures
     experts = {} if cfg.n_experts == 1 else {
         "n_experts": cfg.n_experts, "router": cfg.router, "experts_per_token": cfg.experts_per_token,
-        "capacity_factor": cfg.capacity_factor, "normalize_gates": cfg.normalize_gates}
+        "capacity_factor": cfg.capacity_factor, "expert_group_len": cfg.expert_group_len,
+        "normalize_gates": cfg.normalize_gates}
     return {**common, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "norm": cfg.norm,
             "norm_eps": cfg.norm_eps, "mlp": cfg.mlp, "positions": cfg.positions, "rope_theta": cfg.rope_theta,
             "use_bias": cfg.use_bias, **experts,

@@ -140,7 +140,11 @@ class MixtureOfExperts(nn.Module):
         self.experts = nn.ModuleList(Mlp(config) for _ in range(config.n_experts))
 
     def forward(self, x_BxLxD, input_ids_BxL):
-        b, l, _ = x_BxLxD.shape
+        rows, seq_len, d = x_BxLxD.shape
+        g = self.config.expert_group_len
+        l = g if g is not None and seq_len % g == 0 else seq_len  # each group of l positions dispatched on its own
+        b = rows * seq_len // l
+        x_BxLxD, input_ids_BxL = x_BxLxD.reshape(b, l, d), input_ids_BxL.reshape(b, l)
         e, r = self.config.n_experts, self.config.experts_per_token
         if self.router is None:
             expert_BxLxR = (token_hash(input_ids_BxL) % e)[..., None]
@@ -158,7 +162,7 @@ class MixtureOfExperts(nn.Module):
             row, pos, rank = torch.nonzero((expert_BxLxR == i) & kept_BxLxR, as_tuple=True)
             if len(row):  # a token takes an expert once at most, so (row, pos) repeats no place
                 out_BxLxD[row, pos] += expert(x_BxLxD[row, pos]) * gate_BxLxR[row, pos, rank, None].to(x_BxLxD.dtype)
-        return out_BxLxD
+        return out_BxLxD.reshape(rows, seq_len, d)
 
 
 class Block(nn.Module):

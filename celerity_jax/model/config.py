@@ -87,6 +87,10 @@ class ModelConfig:
     router: str = "topk"
     experts_per_token: int = 1
     capacity_factor: float | None = 1.25
+    # Positions dispatched together: a sequence is cut into groups of expert_group_len positions, each with its own
+    # capacity (the dispatch tensors grow with the group's length squared, not the sequence's). None: the whole
+    # sequence. RecipeConfig.seq_len must be a multiple of it.
+    expert_group_len: int | None = None
     normalize_gates: bool = False
     router_aux_coef: float = 0.01
     # True: the experts split over the fsdp mesh axis, each chip running its own on every chip's tokens, which an
@@ -176,6 +180,9 @@ class ModelConfig:
             _fail("experts_per_token", self.experts_per_token, f"must lie in [1, n_experts={self.n_experts}]")
         if self.router == "hash" and self.experts_per_token != 1:
             _fail("experts_per_token", self.experts_per_token, "must be 1 with router='hash' (one expert per token)")
+        if self.expert_group_len is not None and self.expert_group_len < 1:
+            _fail("expert_group_len", self.expert_group_len, "must be a positive number of positions, or None for "
+                  "the whole sequence")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             _fail("capacity_factor", self.capacity_factor, "must be a positive number, or None to drop nothing")
         if self.router_aux_coef < 0:

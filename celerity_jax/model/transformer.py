@@ -176,10 +176,17 @@ def token_hash(tokens_BxL: jax.Array) -> jax.Array:
     return (tokens_BxL.astype(jnp.uint32) * jnp.uint32(2654435761)) >> 16
 
 
+def expert_group_len(cfg: ModelConfig, seq_len: int) -> int:
+    """G: the positions a mixture dispatches together in a sequence of seq_len, ModelConfig.expert_group_len where
+    it divides seq_len (`recipe.make_plan` requires that of training's), else the whole sequence."""
+    g = cfg.expert_group_len
+    return g if g is not None and seq_len % g == 0 else seq_len
+
+
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
-    """C: the most routes an expert takes from one sequence, capacity_factor × its even share of the sequence's
-    seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice (and seq_len
-    with capacity_factor None)."""
+    """C: the most routes an expert takes from a group of seq_len positions, capacity_factor × its even share of the
+    group's seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice (and
+    seq_len with capacity_factor None)."""
     if cfg.capacity_factor is None:
         return seq_len
     share = cfg.capacity_factor * seq_len * cfg.experts_per_token / cfg.n_experts
@@ -189,8 +196,9 @@ def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
 class MixtureOfExperts(nn.Module):
     """The MLP branch as n_experts MLPs of kind ModelConfig.mlp, their weights stacked on a leading EXPERT axis.
 
-    Each sequence is dispatched on its own, its routes taken in order of position and then of rank: whether a
-    token's route is dropped depends on the tokens before it only, so the model stays causal. Each expert's weights
+    Each group of `expert_group_len` positions is dispatched on its own (below, B counts groups and L their
+    positions), its routes taken in order of position and then of rank: whether a token's route is dropped
+    depends on the tokens before it only, so the model stays causal. Each expert's weights
     take the dense MLP's role (same fan-in); the router its own, `completep.Role.ROUTER`. With
     ModelConfig.expert_parallel the experts are split over the fsdp mesh axis (`sharding.LOGICAL_RULES`)."""
 
@@ -202,7 +210,10 @@ class MixtureOfExperts(nn.Module):
         drops), dropped (the fraction of routes dropped) and, for router "topk", router_aux (the Switch
         load-balancing loss E·Σ_e load_e·mean probability_e, 1 when balanced)."""
         cfg = self.cfg
-        b, l, d = x_BxLxD.shape
+        rows, seq_len, d = x_BxLxD.shape
+        l = expert_group_len(cfg, seq_len)
+        b = rows * seq_len // l
+        x_BxLxD, tokens_BxL = x_BxLxD.reshape(b, l, d), tokens_BxL.reshape(b, l)
         e, r, c = cfg.n_experts, cfg.experts_per_token, expert_capacity(cfg, l)
         expert_axis = EXPERT if cfg.expert_parallel else "expert_whole"
         if cfg.router == "hash":
@@ -236,7 +247,7 @@ class MixtureOfExperts(nn.Module):
         stats = {"expert_load": load_E, "dropped": 1.0 - jnp.sum(dispatch_BxLxExC) / (b * l * r)}
         if cfg.router == "topk":
             stats["router_aux"] = e * jnp.sum(load_E * jnp.mean(probs_BxLxE, axis=(0, 1)))
-        return out_BxLxD, stats
+        return out_BxLxD.reshape(rows, seq_len, d), stats
 
 
 class Block(nn.Module):

@@ -6,9 +6,11 @@ has got as far as the last step of its curve.csv; it is finished at the plan's l
 """
 
 import dataclasses
+import functools
 import json
 import os
 import time
+from collections.abc import Iterable
 
 from celerity_jax import gin_config, rundir
 from celerity_jax.collapse.controls import Controls
@@ -129,6 +131,16 @@ def _as_process_zero_sees_it(steps_done: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(multihost_utils.broadcast_one_to_all(np.int32(steps_done)))
+
+
+def train_all(specs: Iterable[RunSpec], log=functools.partial(print, flush=True), train_fn=None) -> None:
+    """Trains (or resumes) each run to its end without its own log, then logs one line for it: its name, steps,
+    tokens and the seconds this took (0 for a run already finished). Experiments train their runs this way."""
+    for spec in specs:
+        loaded = load(spec)
+        start = time.time()
+        loaded.train_to(log=lambda *args, **kwargs: None, train_fn=train_fn)
+        log(f"{loaded.name}: {loaded.plan.steps} steps, {loaded.plan.tokens:,} tokens, {time.time() - start:.0f} s")
 
 
 def load(spec: RunSpec) -> Run:

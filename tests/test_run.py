@@ -80,6 +80,19 @@ def test_an_unnamed_run_is_not_announced_and_never_trains_past_its_last_step(tmp
     assert trainer.calls[-1]["stop_at_step"] == 5 and the_run.steps_done() == 5 and not the_run.finished()
 
 
+def test_train_all_trains_each_run_to_its_end_and_logs_one_line_per_run(tmp_path, fake_trainer):
+    trainer, logged = fake_trainer(), []
+    specs = [run.RunSpec(str(tmp_path / name), SMOKE_D48, (f"RecipeConfig.tpp = {tpp}",), name=name)
+             for name, tpp in (("a", 0.25), ("b", 0.5))]
+    run.train_all(specs, log=logged.append, train_fn=trainer)
+    steps = [run.load(spec).plan.steps for spec in specs]
+    assert [run.load(spec).finished() for spec in specs] == [True, True] and len(trainer.calls) == 2
+    assert [line.rsplit(",", 1)[0] for line in logged] == [
+        f"{spec.name}: {n} steps, {run.load(spec).plan.tokens:,} tokens" for spec, n in zip(specs, steps)]
+    run.train_all(specs, log=logged.append, train_fn=trainer)  # finished: nothing trains again
+    assert len(trainer.calls) == 2 and len(logged) == 4
+
+
 def test_steps_done_and_finished_refuse_a_workdir_holding_another_run(tmp_path, fake_trainer):
     trainer = fake_trainer()
     workdir = str(tmp_path / "r")

@@ -141,8 +141,14 @@ def test_bad_steps_can_be_skipped_and_the_schedule_stays_on_time(tmp_path, monke
     assert _scalar_at(workdir, "opt/lr", 20) == _scalar_at(clean, "opt/lr", 20)
 
 
-def test_resume_after_sigkill_reproduces_the_uninterrupted_losses(tmp_path, curve_losses, celerity_train):
-    steps = ("TrainConfig.stop_at_step = 60", "TrainConfig.checkpoint_every = 10")
+MIXTURES = {"hash": ("ModelConfig.n_experts = 4", "ModelConfig.router = 'hash'"),
+            "topk": ("ModelConfig.n_experts = 4", "ModelConfig.experts_per_token = 2")}
+
+
+@pytest.mark.parametrize("model", [(), *(pytest.param(b, marks=pytest.mark.slow, id=k) for k, b in MIXTURES.items())],
+                         ids=["dense", *MIXTURES])
+def test_resume_after_sigkill_reproduces_the_uninterrupted_losses(model, tmp_path, curve_losses, celerity_train):
+    steps = (*model, "TrainConfig.stop_at_step = 60", "TrainConfig.checkpoint_every = 10")
     full = celerity_train(tmp_path / "full", *steps)
     assert full.wait(timeout=300) == 0, full.stdout.read()
     killed_dir = tmp_path / "killed"

@@ -1,13 +1,11 @@
-"""A mixture of experts along the training path: its router metrics in the step, TensorBoard and the log, resume
-after SIGKILL, sampling and scoring without drops, `celerity eval` and `celerity sample` of a run, and the planner's
+"""A mixture of experts along the training path: its router metrics in the step, TensorBoard and the log (resume
+after SIGKILL: test_train_loop.py), sampling and scoring without drops, export-hf, `celerity eval` and `celerity sample` of a run, and the planner's
 active parameters."""
 
 import dataclasses
 import io
 import json
 import re
-import signal
-import time
 import types
 
 import jax
@@ -180,27 +178,3 @@ def test_the_plan_shows_a_mixtures_active_parameters_beside_n(capsys):
     n, active = count_params(cfg), count_active_params(cfg)
     assert active < n
     assert re.search(rf"N \(parameters\) +{n:,} ", out) and re.search(rf"N active per token +{active:,} ", out), out
-
-
-@pytest.mark.slow  # 2 × 3 runs of 60 steps
-@pytest.mark.parametrize("router", [HASH, TOPK], ids=["hash", "topk"])
-def test_a_mixture_resumed_after_sigkill_reproduces_the_uninterrupted_losses(router, tmp_path, curve_losses,
-                                                                             celerity_train):
-    steps = (*router, "TrainConfig.stop_at_step = 60", "TrainConfig.checkpoint_every = 10")
-    full = celerity_train(tmp_path / "full", *steps)
-    assert full.wait(timeout=300) == 0, full.stdout.read()
-    killed_dir = tmp_path / "killed"
-    killed = celerity_train(killed_dir, *steps)
-    deadline = time.time() + 300
-    while not (killed_dir / "checkpoints" / "20" / "commit_success.txt").exists():
-        assert killed.poll() is None and time.time() < deadline, killed.stdout.read()
-        time.sleep(0.02)
-    killed.send_signal(signal.SIGKILL)
-    assert killed.wait() == -signal.SIGKILL
-    resumed = celerity_train(killed_dir, *steps)
-    out = resumed.communicate(timeout=300)[0]
-    assert resumed.returncode == 0, out
-    resumed_at = int(re.search(r"resumed from the checkpoint at step (\d+)", out).group(1))
-    assert 20 <= resumed_at < 60
-    expected, got = curve_losses(tmp_path / "full"), curve_losses(killed_dir)
-    assert got == expected

@@ -26,7 +26,6 @@ The analysis is `analysis.py` beside this file.
 import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPERIMENTS = os.path.dirname(HERE)
@@ -93,15 +92,8 @@ def main() -> None:
 
         jax.config.update("jax_compilation_cache_dir", os.path.join(args.workdir, "jax_cache"))
         wanted = set(filter(None, args.cells.split(",")))
-        for seed in SEEDS:
-            for name in cells():
-                if wanted and name.split("/")[0] not in wanted:
-                    continue
-                loaded = run.load(run_spec(args.workdir, name, seed))
-                start = time.time()
-                loaded.train_to(log=lambda *a, **k: None)
-                print(f"{loaded.name}: {loaded.plan.steps} steps, {loaded.plan.tokens:,} tokens, "
-                      f"{time.time() - start:.0f} s", flush=True)
+        run.train_all(run_spec(args.workdir, name, seed) for seed in SEEDS for name in cells()
+                      if not wanted or name.split("/")[0] in wanted)
     import analysis
 
     analysis.write_results(args.workdir)

@@ -99,7 +99,7 @@ def test_a_mixture_counts_every_expert_its_dispatch_and_its_tokens_at_the_expert
     """Against the dense model: the state holds every expert (float32 parameters and two moments, split over 4
     chips); each layer saves at least its B×L×E×C dispatch and combine tensors; and the tokens at the experts
     [E, B, C, D] are split over the chips as the batch is, so one chip saves 4 times what each of 4 does."""
-    from celerity_jax.model import transformer
+    from celerity_jax.model.moe import expert_capacity
     from celerity_jax.model.params import count_params
 
     shape = ["RecipeConfig.seq_len = 256", "ModelConfig.max_seq_len = 256", "RecipeConfig.batch_seqs = 16"]
@@ -109,7 +109,7 @@ def test_a_mixture_counts_every_expert_its_dispatch_and_its_tokens_at_the_expert
     d, m = _model(dense, tpu_slice, setting), _model(moe, tpu_slice, setting)
     assert m.state - d.state == pytest.approx(12 * (count_params(moe.model) - count_params(dense.model)) / 4,
                                               rel=0.01)
-    dispatch_and_combine = 2 * 16 * 256 * 4 * transformer.expert_capacity(moe.model, 256) * 2 / 4  # bfloat16
+    dispatch_and_combine = 2 * 16 * 256 * 4 * expert_capacity(moe.model, 256) * 2 / 4  # bfloat16
     assert (m.layers - d.layers) / moe.model.n_layers >= dispatch_and_combine
     cfg = apply_setting(moe, setting, "tpu").model
     one_chip = footprint.footprint(cfg, sharding.make_mesh((1, 1, 1), slice_devices(tpu_slice)[1][:1]),

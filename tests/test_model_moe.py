@@ -8,7 +8,7 @@ import pytest
 
 from celerity_jax import recipe
 from celerity_jax.errors import ConfigError
-from celerity_jax.model import completep, transformer
+from celerity_jax.model import completep, moe, transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
 from celerity_jax.model.params import count_active_params, count_params, flops_per_token
@@ -29,7 +29,7 @@ def _tokens(cfg, batch=2, seed=1):
 
 def _numbered_experts(cfg: ModelConfig, router_DxE=None) -> dict:
     """MixtureOfExperts params whose expert e outputs e + 1 in every dim (zero kernels, down bias e + 1)."""
-    shapes = jax.eval_shape(lambda: transformer.MixtureOfExperts(cfg).init(
+    shapes = jax.eval_shape(lambda: moe.MixtureOfExperts(cfg, transformer.Mlp).init(
         jax.random.key(0), jnp.zeros((1, cfg.max_seq_len, cfg.d_model)), jnp.zeros((1, cfg.max_seq_len), jnp.int32)))
     params = jax.tree.map(lambda x: jnp.zeros(x.shape), shapes["params"])
     params["experts"]["down"]["bias"] = jnp.broadcast_to(
@@ -40,7 +40,7 @@ def _numbered_experts(cfg: ModelConfig, router_DxE=None) -> dict:
 
 
 def _moe(cfg, params, x_BxLxD, tokens_BxL):
-    return transformer.MixtureOfExperts(cfg).apply({"params": params}, x_BxLxD, tokens_BxL)
+    return moe.MixtureOfExperts(cfg, transformer.Mlp).apply({"params": params}, x_BxLxD, tokens_BxL)
 
 
 def test_one_expert_is_the_dense_model_whatever_the_router_fields():
@@ -69,7 +69,7 @@ def test_hash_routing_sends_each_token_to_expert_hash_of_its_id_mod_e():
 
 def test_topk_drops_the_routes_past_an_experts_capacity_in_order_of_position():
     cfg = _cfg(n_experts=2, use_bias=True, capacity_factor=0.5)  # C = ceil(0.5 · 8 / 2) = 2 per sequence
-    assert transformer.expert_capacity(cfg, 8) == 2
+    assert moe.expert_capacity(cfg, 8) == 2
     router_DxE = np.zeros((cfg.d_model, 2))
     router_DxE[0, 0] = math.log(3.0)  # every token of x prefers expert 0 with probability 3/4
     x = jnp.zeros((2, 8, cfg.d_model)).at[..., 0].set(1.0)
@@ -102,7 +102,7 @@ def test_normalized_gates_sum_to_one_over_a_tokens_experts():
 
 def test_capacity_none_drops_nothing_even_when_every_token_takes_one_expert():
     cfg = _cfg(n_experts=8, router="hash", use_bias=True, capacity_factor=None)
-    assert transformer.expert_capacity(cfg, 8) == 8
+    assert moe.expert_capacity(cfg, 8) == 8
     tokens = jnp.full((2, 8), 5)
     out, stats = _moe(cfg, _numbered_experts(cfg), jnp.ones((2, 8, cfg.d_model)), tokens)
     assert stats["dropped"] == 0
@@ -199,7 +199,7 @@ def test_a_tiny_mixture_trains_through_the_train_step(tiny_configs):
 
 def test_groups_of_positions_are_dispatched_each_with_its_own_capacity():
     cfg = _cfg(n_experts=2, use_bias=True, capacity_factor=0.5, expert_group_len=4)  # C = 1 per group of 4
-    assert transformer.expert_group_len(cfg, 8) == 4 and transformer.expert_capacity(cfg, 4) == 1
+    assert moe.expert_group_len(cfg, 8) == 4 and moe.expert_capacity(cfg, 4) == 1
     router_DxE = np.zeros((cfg.d_model, 2))
     router_DxE[0, 0] = math.log(3.0)  # every token prefers expert 0
     x = jnp.zeros((2, 8, cfg.d_model)).at[..., 0].set(1.0)
@@ -209,7 +209,7 @@ def test_groups_of_positions_are_dispatched_each_with_its_own_capacity():
     np.testing.assert_allclose(out[..., 0], np.broadcast_to(kept, (2, 8)))
     assert stats["dropped"] == pytest.approx(0.75)
     whole = dataclasses.replace(cfg, expert_group_len=3)  # 3 does not divide 8: the whole sequence, C = 2
-    assert transformer.expert_group_len(whole, 8) == 8
+    assert moe.expert_group_len(whole, 8) == 8
     np.testing.assert_allclose(_moe(whole, _numbered_experts(cfg, router_DxE), x, jnp.zeros((2, 8), jnp.int32))[0]
                                [..., 0], np.broadcast_to([0.75, 0.75, 0, 0, 0, 0, 0, 0], (2, 8)))
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from celerity_jax.errors import ConfigError
 from celerity_jax.hf import fold
-from celerity_jax.model import transformer
+from celerity_jax.model import moe, transformer
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
 
@@ -71,8 +71,8 @@ def architecture(cfg: ModelConfig) -> str:
 def can_drop(cfg: ModelConfig) -> bool:
     """Whether a mixture of experts drops routes of some sequence: whether, at some length up to max_seq_len, its
     expert capacity falls short of the positions dispatched together."""
-    groups = {transformer.expert_group_len(cfg, n) for n in range(1, cfg.max_seq_len + 1)}
-    return any(transformer.expert_capacity(cfg, g) < g for g in groups)
+    groups = {moe.expert_group_len(cfg, n) for n in range(1, cfg.max_seq_len + 1)}
+    return any(moe.expert_capacity(cfg, g) < g for g in groups)
 
 
 def _routes_as_mixtral(cfg: ModelConfig) -> bool:

@@ -120,7 +120,7 @@ def token_hash(input_ids_BxL):
 
 
 def expert_capacity(config: CelerityConfig, seq_len: int) -> int:
-    """The most routes an expert takes from one sequence (celerity_jax.model.transformer.expert_capacity)."""
+    """The most routes an expert takes from one sequence (celerity_jax.model.moe.expert_capacity)."""
     if config.capacity_factor is None:
         return seq_len
     share = config.capacity_factor * seq_len * config.experts_per_token / config.n_experts

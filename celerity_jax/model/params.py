@@ -19,6 +19,7 @@ from celerity_jax.model.config import ModelConfig
 LAYERS = "layers"  # the logical axis that scanned layers stack their parameters on
 EXPERT = "expert"  # the logical axis that a mixture of experts stacks its experts' parameters on
 FOLDS = ("input", "query", "residual", "output")
+UNIT_NORMAL = nn.initializers.normal(1.0)  # every matrix's draw, rescaled per role by transformer.init_params
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Decoder-only transformer in Flax linen, used through `init_params` and `apply` on plain pytrees.
 
-Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers; in a mixture of
-experts E experts, R experts per token (routes), C expert capacity (routes an expert takes from a sequence).
+Shapes: B batch, L sequence, D d_model, H heads, K head_dim, F MLP width, V vocab, N layers. A block's MLP is
+dense, or with ModelConfig.n_experts > 1 a mixture of experts (`moe`).
 Parameters are float32; matmuls run in cfg.dtype (compute_dtype with "auto" resolved), the residual stream in
 cfg.residual (residual_dtype resolved); norms, softmax and logits stay float32. Initial std, LR and eps per
 parameter come from `completep`.
@@ -9,7 +9,6 @@ parameter come from `completep`.
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -22,9 +21,9 @@ from celerity_jax.model import (attention, completep, flash_attention, flash_att
                                 sharding)
 from celerity_jax.model.completep import Role
 from celerity_jax.model.config import ModelConfig
-from celerity_jax.model.params import EXPERT, declarations_of, declare
+from celerity_jax.model.moe import MixtureOfExperts
+from celerity_jax.model.params import UNIT_NORMAL, declarations_of, declare
 
-_unit_normal = nn.initializers.normal(1.0)  # rescaled per role by init_params
 
 # What each ModelConfig.remat but "none" keeps for the backward pass; a block recomputes the rest from its input.
 # The names are `checkpoint_name`s: q, k, v (after RoPE), the attention's output ("context", before the o
@@ -75,7 +74,7 @@ class Norm(nn.Module):
 def _dense(cfg: ModelConfig, features: int, name: str, axes: tuple[str, str], fold: str | None = None) -> nn.Dense:
     """A projection whose kernel has the logical axes `axes` (in, out) and whose bias has the output axis."""
     dot_general = matmul.transposed_grad_dot_general if cfg.dense_backward_kernel == "transposed" else None
-    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=declare(_unit_normal, Role.HIDDEN, axes, fold),
+    return nn.Dense(features, use_bias=cfg.use_bias, kernel_init=declare(UNIT_NORMAL, Role.HIDDEN, axes, fold),
                     bias_init=declare(nn.initializers.zeros, Role.BLOCK_VECTOR, axes[1:], fold), dtype=cfg.dtype,
                     param_dtype=jnp.float32, dot_general=dot_general, name=name)
 
@@ -170,86 +169,6 @@ class Mlp(nn.Module):
         return _dense(cfg, x_BxLxD.shape[-1], "down", ("mlp", "embed"), "residual")(h_BxLxF)
 
 
-def token_hash(tokens_BxL: jax.Array) -> jax.Array:
-    """A fixed hash of token ids: the upper 16 of the 32 bits of Knuth's multiplicative hash, which spreads
-    neighbouring ids apart."""
-    return (tokens_BxL.astype(jnp.uint32) * jnp.uint32(2654435761)) >> 16
-
-
-def expert_group_len(cfg: ModelConfig, seq_len: int) -> int:
-    """G: the positions a mixture dispatches together in a sequence of seq_len, ModelConfig.expert_group_len where
-    it divides seq_len (`recipe.make_plan` requires that of training's), else the whole sequence."""
-    g = cfg.expert_group_len
-    return g if g is not None and seq_len % g == 0 else seq_len
-
-
-def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
-    """C: the most routes an expert takes from a group of seq_len positions, capacity_factor × its even share of the
-    group's seq_len·experts_per_token routes; at most seq_len, since a token never takes one expert twice (and
-    seq_len with capacity_factor None)."""
-    if cfg.capacity_factor is None:
-        return seq_len
-    share = cfg.capacity_factor * seq_len * cfg.experts_per_token / cfg.n_experts
-    return min(seq_len, max(1, math.ceil(share)))
-
-
-class MixtureOfExperts(nn.Module):
-    """The MLP branch as n_experts MLPs of kind ModelConfig.mlp, their weights stacked on a leading EXPERT axis.
-
-    Each group of `expert_group_len` positions is dispatched on its own (below, B counts groups and L their
-    positions), its routes taken in order of position and then of rank: whether a token's route is dropped
-    depends on the tokens before it only, so the model stays causal. Each expert's weights
-    take the dense MLP's role (same fan-in); the router its own, `completep.Role.ROUTER`. With
-    ModelConfig.expert_parallel the experts are split over the fsdp mesh axis (`sharding.LOGICAL_RULES`)."""
-
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x_BxLxD, tokens_BxL):
-        """(the branch's output, stats): stats hold expert_load (each expert's fraction of the routes, before
-        drops), dropped (the fraction of routes dropped) and, for router "topk", router_aux (the Switch
-        load-balancing loss E·Σ_e load_e·mean probability_e, 1 when balanced)."""
-        cfg = self.cfg
-        rows, seq_len, d = x_BxLxD.shape
-        l = expert_group_len(cfg, seq_len)
-        b = rows * seq_len // l
-        x_BxLxD, tokens_BxL = x_BxLxD.reshape(b, l, d), tokens_BxL.reshape(b, l)
-        e, r, c = cfg.n_experts, cfg.experts_per_token, expert_capacity(cfg, l)
-        expert_axis = EXPERT if cfg.expert_parallel else "expert_whole"
-        if cfg.router == "hash":
-            expert_BxLxR = (token_hash(tokens_BxL) % e).astype(jnp.int32)[..., None]
-            gate_BxLxR = jnp.ones((b, l, 1), jnp.float32)
-        else:
-            router_DxE = self.param("router", declare(_unit_normal, Role.ROUTER, ("embed", expert_axis)), (d, e))
-            probs_BxLxE = jax.nn.softmax(jnp.dot(x_BxLxD.astype(jnp.float32), router_DxE), axis=-1)
-            gate_BxLxR, expert_BxLxR = jax.lax.top_k(probs_BxLxE, r)
-            if cfg.normalize_gates:
-                gate_BxLxR = gate_BxLxR / jnp.sum(gate_BxLxR, axis=-1, keepdims=True)
-        routes_BxLRxE = jax.nn.one_hot(expert_BxLxR.reshape(b, l * r), e, dtype=jnp.int32)
-        slot_BxLRxE = jnp.cumsum(routes_BxLRxE, axis=1) - 1  # each route's place in its expert's buffer
-        # one_hot gives zeros for a slot past the capacity: the route is dropped
-        dispatch_BxLxRxExC = (jax.nn.one_hot(slot_BxLRxE, c) * routes_BxLRxE[..., None]).reshape(b, l, r, e, c)
-        dispatch_BxLxExC = jnp.sum(dispatch_BxLxRxExC, axis=2)
-        combine_BxLxExC = jnp.einsum("blrec,blr->blec", dispatch_BxLxRxExC, gate_BxLxR)
-
-        experts = nn.vmap(Mlp, variable_axes={"params": 0}, split_rngs={"params": True},
-                          metadata_params={nn.PARTITION_NAME: expert_axis})(cfg, name="experts")
-        # Dispatched where their tokens are, run where their experts are: with expert parallelism the partitioner
-        # moves them between the two layouts with an all-to-all over fsdp, each way.
-        at_tokens = (None, "batch", None, "activation_embed")
-        at_experts = (expert_axis, "batch", None, "activation_embed")
-        in_ExBxCxD = jnp.einsum("blec,bld->ebcd", dispatch_BxLxExC.astype(cfg.dtype), x_BxLxD)
-        in_ExBxCxD = sharding.constrain(sharding.constrain(in_ExBxCxD, at_tokens), at_experts)
-        out_ExBxCxD = sharding.constrain(sharding.constrain(experts(in_ExBxCxD), at_experts), at_tokens)
-        out_BxLxD = jnp.einsum("blec,ebcd->bld", combine_BxLxExC.astype(cfg.dtype), out_ExBxCxD)
-
-        load_E = jnp.mean(routes_BxLRxE, axis=(0, 1), dtype=jnp.float32)
-        stats = {"expert_load": load_E, "dropped": 1.0 - jnp.sum(dispatch_BxLxExC) / (b * l * r)}
-        if cfg.router == "topk":
-            stats["router_aux"] = e * jnp.sum(load_E * jnp.mean(probs_BxLxE, axis=(0, 1)))
-        return out_BxLxD.reshape(rows, seq_len, d), stats
-
-
 class Block(nn.Module):
     """Pre-norm block x ← x + r·Attn(Norm x); x ← x + r·MLP(Norm x), r = m_L^(−α); the MLP a mixture of experts
     when ModelConfig.n_experts > 1 (the hash router reads the tokens).
@@ -271,7 +190,7 @@ class Block(nn.Module):
         if cfg.n_experts == 1:
             mlp_BxLxD, stats = Mlp(cfg, name="mlp")(h_BxLxD), {}
         else:
-            mlp_BxLxD, stats = MixtureOfExperts(cfg, name="mlp")(h_BxLxD, tokens_BxL)
+            mlp_BxLxD, stats = MixtureOfExperts(cfg, Mlp, name="mlp")(h_BxLxD, tokens_BxL)
         x_BxLxD = sharding.constrain_residual(x_BxLxD + r * mlp_BxLxD.astype(cfg.residual))
         stats = {"residual_rms": _rms(x_BxLxD), **stats}
         return (x_BxLxD, stats) if cached is None else (x_BxLxD, stats, kv)
@@ -288,11 +207,11 @@ class Transformer(nn.Module):
         the cache, and the result is (logits_BxLxV, the updated cache)."""
         cfg = self.cfg
         mult = completep.forward_multipliers(cfg)
-        embed_VxD = self.param("embed", declare(_unit_normal, Role.EMBEDDING, ("vocab", "embed"), "input"),
+        embed_VxD = self.param("embed", declare(UNIT_NORMAL, Role.EMBEDDING, ("vocab", "embed"), "input"),
                                (cfg.vocab_size, cfg.d_model))
         x_BxLxD = jnp.take(embed_VxD, tokens_BxL, axis=0)
         if cfg.positions == "learned":
-            pos_LxD = self.param("pos_embed", declare(_unit_normal, Role.EMBEDDING, ("position", "embed"), "input"),
+            pos_LxD = self.param("pos_embed", declare(UNIT_NORMAL, Role.EMBEDDING, ("position", "embed"), "input"),
                                  (cfg.max_seq_len, cfg.d_model))
             x_BxLxD = x_BxLxD + (pos_LxD[None, : tokens_BxL.shape[1]] if cache is None
                                  else jnp.take(pos_LxD, positions_BxL, axis=0))
@@ -330,7 +249,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             unembed_DxV = embed_VxD.T
         else:
-            unembed_DxV = self.param("unembed", declare(_unit_normal, Role.UNEMBEDDING, ("embed", "vocab"), "output"),
+            unembed_DxV = self.param("unembed", declare(UNIT_NORMAL, Role.UNEMBEDDING, ("embed", "vocab"), "output"),
                                      (cfg.d_model, cfg.vocab_size))
         if not unembed:
             return x_BxLxD, unembed_DxV, stats
